@@ -1,0 +1,25 @@
+# dpaudit: empirical privacy auditing of DP machine learning.
+# Full reproduction:  snakemake --cores all
+# Quick (2 CPU cores, minutes):  snakemake --cores all --configfile config/quick.yaml
+# One figure:  snakemake --cores all figures/hw3_eps_vs_m.pdf
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "config/schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/hw3.smk"
+include: "workflow/rules/accounting.smk"
+
+
+# Defined here, not in an included file: an included file's default target is dropped.
+rule all:
+    default_target: True
+    input:
+        FIGURES,

@@ -1,0 +1,58 @@
+"""The ``dpaudit`` command: one subcommand per pipeline step.
+
+Snakemake rules call these; each reads its config section as JSON (``--spec``),
+calls the pure functions of the science modules and writes a result table with
+:func:`dpaudit.io.write_table` or a figure with :func:`dpaudit.plots.style.save`.
+Each subcommand lives in its own module here and exposes ``register(subparsers)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from .. import __version__
+
+#: Subcommand modules, in help order.
+COMMANDS = ("hw3", "accounting")
+
+
+class SpecError(ValueError):
+    """A config value is wrong; the message names the key and what is allowed."""
+
+
+def spec_arg(text: str) -> dict:
+    """argparse type: a JSON object (a config section)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--spec is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--spec must be a JSON object")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpaudit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"dpaudit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except SpecError as exc:
+        print(f"dpaudit {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Result tables: atomic writes, with the config and seed that made them.
+
+Every table the pipeline writes is a CSV whose first line is a comment holding
+the JSON provenance (package version, command, config section, seed).  Rows are
+tidy: one per configuration and repeat, carrying the swept values and the seed.
+Files are written to a temporary name in the same folder and renamed into place,
+so an interrupted job never leaves a file Snakemake would take as complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+
+from . import __version__
+
+_PREFIX = "# dpaudit-provenance: "
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> None:
+    """Write ``df`` as CSV at ``path`` atomically, with ``provenance`` as a JSON header line."""
+    meta = {"dpaudit_version": __version__, **provenance}
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", newline="") as fh:
+            fh.write(_PREFIX + json.dumps(meta, sort_keys=True, default=str) + "\n")
+            df.to_csv(fh, index=False)
+
+
+def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Read a table written by :func:`write_table`; return ``(frame, provenance)``."""
+    with open(path) as fh:
+        first = fh.readline()
+        if not first.startswith(_PREFIX):
+            raise ValueError(f"{path}: not a dpaudit result table (no provenance header)")
+        meta = json.loads(first[len(_PREFIX):])
+        return pd.read_csv(fh), meta
+
+
+def write_text(text: str, path: str | os.PathLike) -> None:
+    """Write a text artefact (e.g. a Markdown table) atomically."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)

@@ -1,0 +1,1 @@
+"""Figures, rendered only from result tables (see :func:`dpaudit.io.read_table`)."""
