@@ -2,12 +2,15 @@
 # Full reproduction:  snakemake --cores all
 # Quick (2 CPU cores, minutes):  snakemake --cores all --configfile config/quick.yaml
 # One figure:  snakemake --cores all figures/hw3_eps_vs_m.pdf
+import os
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# Relative to this file, so `--directory` can point anywhere (results go there).
+configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 validate(config, "config/schema.yaml")

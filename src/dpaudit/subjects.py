@@ -1,0 +1,144 @@
+"""Implementations under audit: a registry of named DP-SGD subjects and user training functions.
+
+Every subject is a *training function* with one signature, the contract of
+``dpaudit audit-impl`` (documented in ``docs/audit_your_implementation.md``)::
+
+    train(X, y, seeds, spec) -> predict
+        X      float32 tensor (n, d): the training features (one row per example)
+        y      int64 tensor (n,): the training labels
+        seeds  list[int]: one independent training run per seed (train them together or not)
+        spec   dict: the user's JSON spec, passed through verbatim
+        predict(x: float32 tensor (m, d)) -> float32 tensor (len(seeds), m, n_classes): logits
+
+Two subjects reproduce the case study of Tramer et al. (2022, "Debugging Differential
+Privacy"), who audited Backpropagation Clipping (github.com/uvm-plaid/backpropagation-clipping):
+
+* ``fixed``: DP-SGD (Abadi et al. 2016, Alg. 1) from :mod:`dpaudit.dpsgd`, Poisson sampling
+  at rate q = batch_size / n, per-example clipping to norm C and Gaussian noise of std
+  ``sigma * C`` on the clipped sum, ``sigma`` calibrated by :func:`dpaudit.accounting.noise_multiplier`
+  so that the T = epochs / q steps are (eps, delta)-DP.
+* ``buggy``: the same, but the noise std on the clipped sum is ``sigma * C / B`` (B = the
+  expected batch size): the noise is calibrated to a sensitivity divided by the batch size.
+  This is the effect of the bug fixed in commit 270964a of that repository: its loss was the
+  batch *mean* (``nn.NLLLoss()``), so the per-example gradients its hooks clipped to C were
+  already scaled by 1/B, i.e. each example's own gradient was clipped to B*C, and each
+  example could move the averaged gradient by C; yet the noise was calibrated to a
+  per-layer sensitivity C/B (the clip bound divided by the batch size once more).  The
+  fix clips to C/B (``grad_clip / BATCH_SIZE``) so that the sensitivity the noise is
+  calibrated to, ``input_bound * grad_bound``, is the true one.  With the bug the noise
+  multiplier is effectively ``sigma / B`` instead of ``sigma``.
+
+The buggy subject is a named test subject here, never an option of the real trainer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Callable, Sequence
+
+import torch
+
+from . import accounting, dpsgd
+
+#: predict(x (m, d)) -> logits (runs, m, n_classes)
+Predict = Callable[[torch.Tensor], torch.Tensor]
+#: train(X, y, seeds, spec) -> predict
+TrainFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int], dict], Predict]
+
+#: spec keys of the registry subjects -> what they are (defaults in brackets)
+SUBJECT_KEYS = {
+    "eps": "claimed epsilon the noise is calibrated to",
+    "delta": "claimed delta",
+    "epochs": "expected passes over the data; steps T = round(epochs / q)",
+    "batch_size": "expected Poisson batch size B; sample rate q = B / n",
+    "lr": "learning rate",
+    "clip": "per-example clipping norm C",
+    "arch": "model: 'lr' or 'fnn' ['lr']",
+    "hidden": "hidden width of 'fnn' [32]",
+    "n_classes": "number of classes [max label + 1]",
+    "accountant": "accounting method for sigma ['rdp']",
+    "n": "data-set size the sample rate refers to [len(X)]",
+}
+
+
+def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict):
+    """Model, config and calibrated noise multiplier of a registry subject."""
+    unknown = set(spec) - set(SUBJECT_KEYS)
+    if unknown:
+        raise ValueError(f"spec: unknown keys {sorted(unknown)}; allowed: {sorted(SUBJECT_KEYS)}")
+    missing = {"eps", "delta", "epochs", "batch_size", "lr", "clip"} - set(spec)
+    if missing:
+        raise ValueError(f"spec: missing keys {sorted(missing)} "
+                         f"({'; '.join(f'{k}: {SUBJECT_KEYS[k]}' for k in sorted(missing))})")
+    # The sample rate must not depend on whether the canary is in: audits pass "n".
+    n = int(spec.get("n", len(X)))
+    q = spec["batch_size"] / n
+    if not 0 < q <= 1:
+        raise ValueError(f"spec.batch_size={spec['batch_size']}: must be in (0, n={n}]")
+    steps = max(1, round(spec["epochs"] / q))
+    sigma = accounting.noise_multiplier(spec["eps"], q, steps, spec["delta"],
+                                        spec.get("accountant", "rdp"))
+    model = dpsgd.ModelSpec(arch=spec.get("arch", "lr"), in_dim=X.shape[1],
+                            hidden=spec.get("hidden", 32),
+                            n_classes=int(spec.get("n_classes", int(y.max()) + 1)))
+    cfg = dpsgd.DPSGDConfig(epochs=spec["epochs"], batch_size=spec["batch_size"], lr=spec["lr"],
+                            clip=spec["clip"], noise_multiplier=sigma, sampling="poisson")
+    return model, cfg, sigma, q, steps
+
+
+def _train(X, y, seeds, spec, noise_std_of):
+    model, cfg, sigma, q, steps = _plan(X, y, spec)
+    params = dpsgd.train_with_noise_std(X, y, model, cfg, list(seeds), noise_std_of(cfg, q, spec))
+    return lambda x: dpsgd.logits(params, x, model)
+
+
+def dpsgd_fixed(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict) -> Predict:
+    """Correct DP-SGD: noise std ``sigma * C`` on the clipped sum (sensitivity C)."""
+    return _train(X, y, seeds, spec, lambda cfg, q, spec: cfg.noise_multiplier * cfg.clip)
+
+
+def dpsgd_buggy(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict) -> Predict:
+    """Backpropagation-Clipping bug: noise std ``sigma * C / B``, sensitivity divided by B."""
+    return _train(X, y, seeds, spec,
+                  lambda cfg, q, spec: cfg.noise_multiplier * cfg.clip / cfg.batch_size)
+
+
+#: Named subjects of the case study.
+SUBJECTS: dict[str, TrainFn] = {"fixed": dpsgd_fixed, "buggy": dpsgd_buggy}
+
+
+def load_train_fn(target: str) -> TrainFn:
+    """The training function named ``target``: a registry name or ``"module.path:function"``.
+
+    Raises ValueError (naming ``target``) if the module cannot be imported or has no such
+    callable, before any training starts.
+    """
+    if target in SUBJECTS:
+        return SUBJECTS[target]
+    module_name, sep, func_name = target.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ValueError(f"--train {target!r}: must be 'module.path:function' or one of "
+                         f"{sorted(SUBJECTS)}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--train {target!r}: cannot import module {module_name!r}: {exc}") from exc
+    fn = module
+    for part in func_name.split("."):
+        fn = getattr(fn, part, None)
+    if not callable(fn):
+        raise ValueError(f"--train {target!r}: module {module_name!r} has no callable "
+                         f"{func_name!r}")
+    return fn
+
+
+def claimed_noise_multiplier(spec: dict, n: int) -> float:
+    """The noise multiplier sigma a registry subject calibrates for ``spec`` on n examples."""
+    X = torch.zeros(n, 1)
+    return _plan(X, torch.zeros(n, dtype=torch.long), {**spec, "n": n, "n_classes": 2})[2]
+
+
+__all__ = ["SUBJECTS", "SUBJECT_KEYS", "TrainFn", "Predict", "dpsgd_fixed", "dpsgd_buggy",
+           "load_train_fn", "claimed_noise_multiplier"]
+_ = math  # noqa

@@ -1,0 +1,29 @@
+# Private ridge regression (seed 004 section 1): one-run audits of output perturbation.
+FIGURES.append("figures/ridge_audit.pdf")
+
+
+rule ridge_audit:
+    output:
+        "results/ridge_audit.csv",
+    params:
+        spec=spec("ridge"),
+    log:
+        "logs/ridge_audit.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit ridge-audit --spec {params.spec} --seed {config[seed]} --out {output} 2> {log}"
+
+
+rule ridge_plot:
+    input:
+        "results/ridge_audit.csv",
+    output:
+        "figures/ridge_audit.pdf",
+        "figures/ridge_audit.png",
+    log:
+        "logs/ridge_plot.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit ridge-plot --table {input} --out {output[0]} 2> {log}"
