@@ -19,6 +19,9 @@ validate(config, "config/schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/hw3.smk"
 include: "workflow/rules/accounting.smk"
+include: "workflow/rules/ridge.smk"
+include: "workflow/rules/jagielski.smk"
+include: "workflow/rules/tramer.smk"
 
 
 # Defined here, not in an included file: an included file's default target is dropped.

@@ -16,7 +16,7 @@ import sys
 from .. import __version__
 
 #: Subcommand modules, in help order.
-COMMANDS = ("hw3", "accounting", "ridge")
+COMMANDS = ("hw3", "accounting", "ridge", "jagielski", "tramer")
 
 
 class SpecError(ValueError):

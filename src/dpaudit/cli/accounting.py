@@ -1,0 +1,5 @@
+"""Placeholder: replaced by the accounting subcommands."""
+
+
+def register(subparsers) -> None:
+    pass

@@ -1,0 +1,5 @@
+"""Placeholder: replaced by the hw3 subcommands."""
+
+
+def register(subparsers) -> None:
+    pass

@@ -1,0 +1,5 @@
+"""Placeholder: replaced by the jagielski subcommands."""
+
+
+def register(subparsers) -> None:
+    pass

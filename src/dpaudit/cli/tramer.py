@@ -1,0 +1,5 @@
+"""Placeholder: replaced by the tramer subcommands."""
+
+
+def register(subparsers) -> None:
+    pass

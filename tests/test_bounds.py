@@ -1,0 +1,296 @@
+"""dpaudit.bounds: references (scipy, quadrature, dp_accounting, seed 000) and soundness.
+
+Soundness is checked by simulating audits of mechanisms whose epsilon is known and for
+which the audited event is *tight* (the likelihood ratio at the event equals the claimed
+bound), so an unsound bound would exceed the truth often: generalized randomized response
+(exactly (eps, delta)-DP), the Laplace mechanism (pure eps, tight at every threshold above
+the shift) and the Gaussian mechanism (mu-GDP, tight at every threshold).  Each bound must
+exceed the truth in at most alpha of the audits plus 3 binomial standard errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import integrate, special, stats
+
+from dpaudit import bounds
+from dpaudit.bounds import (clopper_pearson, eps_from_mu, eps_lb_clopper_pearson,
+                            eps_lb_one_run, mu_lb_gdp, threshold_scan_audit,
+                            threshold_split_audit)
+
+AUDITS = 2000
+
+
+def slack(alpha: float, n: int = AUDITS) -> float:
+    return alpha + 3 * np.sqrt(alpha * (1 - alpha) / n)
+
+
+# ---- references --------------------------------------------------------------------
+
+@pytest.mark.parametrize("ct,n,alpha", [(0, 10, 0.05), (3, 10, 0.05), (10, 10, 0.01),
+                                        (4922, 100000, 1e-10), (1, 1, 0.5)])
+def test_clopper_pearson_matches_scipy_binomtest(ct, n, alpha):
+    lo, hi = clopper_pearson(ct, n, alpha)
+    ref = stats.binomtest(ct, n).proportion_ci(1 - alpha, method="exact")
+    assert lo == pytest.approx(ref.low, rel=1e-9, abs=1e-15)
+    assert hi == pytest.approx(ref.high, rel=1e-9)
+
+
+def test_eps_lb_is_log_ratio_of_interval_ends():
+    lo, _ = clopper_pearson(400, 500, 0.01)
+    _, hi = clopper_pearson(20, 500, 0.01)
+    assert eps_lb_clopper_pearson(400, 500, 20, 500, alpha=0.01) == pytest.approx(np.log(lo / hi))
+    assert eps_lb_clopper_pearson(400, 500, 20, 500, alpha=0.01, k=4) == pytest.approx(
+        np.log(lo / hi) / 4)
+    assert eps_lb_clopper_pearson(400, 500, 20, 500, alpha=0.01, delta=0.1) == pytest.approx(
+        np.log((lo - 0.1) / hi))
+
+
+def test_complementary_event_is_used():
+    # "in" fires on every negative run but on few positive ones: the complement ("out")
+    # separates them, as in the reference code's swap.
+    lo_out, _ = clopper_pearson(500 - 20, 500, 0.01)   # P[out | D0] >= lo_out
+    _, hi_out = clopper_pearson(500 - 400, 500, 0.01)  # P[out | D1] <= hi_out
+    eps = eps_lb_clopper_pearson(500 - 400, 500, 500 - 20, 500, alpha=0.01)
+    assert eps == 0.0  # "in" is evidence *against* membership here: nothing certified
+    eps = eps_lb_clopper_pearson(480, 500, 100, 500, alpha=0.01)
+    lo1, _ = clopper_pearson(480, 500, 0.01)
+    _, hi0 = clopper_pearson(100, 500, 0.01)
+    assert eps == pytest.approx(max(np.log(lo1 / hi0), np.log((1 - hi0) / (1 - lo1))))
+    assert np.log((1 - hi0) / (1 - lo1)) > np.log(lo1 / hi0)
+    assert lo_out > hi_out
+
+
+def test_group_privacy_root_satisfies_lemma_1():
+    delta, k = 1e-3, 4
+    eps = eps_lb_clopper_pearson(450, 500, 10, 500, alpha=0.05, delta=delta, k=k)
+    lo, _ = clopper_pearson(450, 500, 0.05)
+    _, hi = clopper_pearson(10, 500, 0.05)
+    # seed 003 Lemma 1: p1 <= e^{k eps} p0 + delta (e^{k eps} - 1) / (e^eps - 1), tight here
+    rhs = np.exp(k * eps) * hi + delta * np.expm1(k * eps) / np.expm1(eps)
+    assert rhs == pytest.approx(lo, rel=1e-9)
+    assert 0 < eps < np.log(lo / hi) / k
+
+
+def test_tramer_worked_check_seed_000():
+    # Seed 000: claimed (0.21, 1e-5); TPR 4.922 %, FPR 0.174 % over 1e5 runs per side;
+    # Clopper-Pearson at p = 1e-10 gives alpha+ <= 0.95509, beta <= 0.00274: a violation.
+    lo, _ = clopper_pearson(4922, 100_000, 1e-10)
+    _, hi = clopper_pearson(174, 100_000, 1e-10)
+    assert 1 - lo == pytest.approx(0.95509, abs=1e-5)
+    assert hi == pytest.approx(0.00274, abs=1e-5)
+    eps = eps_lb_clopper_pearson(4922, 100_000, 174, 100_000, alpha=1e-10, delta=1e-5)
+    assert eps == pytest.approx(np.log((lo - 1e-5) / hi))
+    assert eps > 0.21  # inconsistent with the claim
+    mu_claim = 0.21 / np.sqrt(2 * np.log(1.25 / 1e-5))  # generous: eps of mu-GDP is larger
+    assert mu_lb_gdp(4922, 100_000, 174, 100_000, alpha=1e-10) > 10 * mu_claim
+
+
+@pytest.mark.parametrize("mu,delta", [(0.5, 1e-5), (1.0, 1e-5), (3.0, 1e-6), (0.2, 1e-2)])
+def test_eps_from_mu_matches_numerical_integral(mu, delta):
+    eps = eps_from_mu(mu, delta)
+    # delta(eps) = int max(0, p1(x) - e^eps p0(x)) dx, p1 = N(mu, 1), p0 = N(0, 1):
+    # the integrand is positive for x > eps/mu + mu/2.
+    x0 = eps / mu + mu / 2
+    direct, _ = integrate.quad(lambda x: stats.norm.pdf(x, mu) - np.exp(eps) * stats.norm.pdf(x),
+                               x0, np.inf, epsabs=1e-14, epsrel=1e-10)
+    assert direct == pytest.approx(delta, rel=1e-6)
+
+
+def test_eps_from_mu_matches_dp_accounting_gaussian():
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    for mu in (0.5, 1.0, 2.0):
+        ref = pld.from_gaussian_mechanism(1 / mu, value_discretization_interval=1e-4)
+        assert eps_from_mu(mu, 1e-5) == pytest.approx(ref.get_epsilon_for_delta(1e-5), rel=2e-3)
+
+
+def test_eps_from_mu_edges():
+    assert eps_from_mu(0.0, 1e-5) == 0.0
+    assert eps_from_mu(1e-6, 0.5) == 0.0
+    assert eps_from_mu(np.inf, 1e-5) == np.inf
+    assert eps_from_mu(30.0, 1e-10) > 400  # large eps: no overflow
+    with pytest.raises(ValueError, match="delta"):
+        eps_from_mu(1.0, 0.0)
+    with pytest.raises(ValueError, match="mu"):
+        eps_from_mu(-1.0, 1e-5)
+
+
+def test_one_run_pure_is_seed_004_eq1_and_matches_bisection():
+    m, beta = 1000, 0.05
+    assert eps_lb_one_run(m, 1000, 520, beta=beta) == 0.0  # P[Bin(1000, 1/2) >= 520] > beta
+    for r, v in [(10, 10), (100, 90), (500, 300), (1000, 560)]:
+        eps = eps_lb_one_run(m, r, v, beta=beta)
+        # eq. (1): the tail at eps_hat equals beta, and it is increasing in eps
+        assert stats.binom.sf(v - 1, r, special.expit(eps)) == pytest.approx(beta, rel=1e-6)
+        # second method: the Appendix D p-value bisection with delta -> 0
+        lo, hi = 0.0, 20.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if bounds._one_run_pvalue(m, r, v, mid, 0.0) < beta else (lo, mid)
+        assert eps == pytest.approx(lo, abs=1e-9)
+    np.testing.assert_allclose(eps_lb_one_run(m, [100, 500], [90, 300]),
+                               [eps_lb_one_run(m, 100, 90), eps_lb_one_run(m, 500, 300)])
+
+
+def test_one_run_delta_version():
+    pure = eps_lb_one_run(1000, 200, 180)
+    assert eps_lb_one_run(1000, 200, 180, delta=1e-12) == pytest.approx(pure, abs=1e-6)
+    weaker = eps_lb_one_run(1000, 200, 180, delta=1e-4)
+    assert 0 < weaker < pure
+    # at the returned eps the Appendix D p-value is at beta
+    assert bounds._one_run_pvalue(1000, 200, 180, weaker, 1e-4) == pytest.approx(0.05, rel=1e-3)
+    assert eps_lb_one_run(1000, 200, 180, delta=0.01) == 0.0  # 2 m delta swamps everything
+
+
+# ---- edge cases ------------------------------------------------------------------
+
+def test_edges_all_none_and_tiny():
+    assert eps_lb_clopper_pearson(0, 100, 0, 100) == 0.0
+    assert eps_lb_clopper_pearson(100, 100, 100, 100) == 0.0
+    # n=1: the one-sided bounds are alpha/2 and 1 - alpha/2, so nothing is ever certified
+    assert eps_lb_clopper_pearson(1, 1, 0, 1, alpha=0.05) == 0.0
+    assert eps_lb_clopper_pearson(1, 1, 0, 1, alpha=0.999) == 0.0
+    perfect = eps_lb_clopper_pearson(1000, 1000, 0, 1000, alpha=0.05)
+    assert perfect == pytest.approx(np.log((0.025 ** (1 / 1000)) / (1 - 0.025 ** (1 / 1000))))
+    assert eps_lb_clopper_pearson(1000, 1000, 0, 1000, alpha=1e-300) >= 0
+    assert eps_lb_clopper_pearson(1000, 1000, 0, 1000, alpha=1 - 1e-12) > perfect
+    assert mu_lb_gdp(0, 10, 10, 10) == 0.0 and mu_lb_gdp(10, 10, 0, 10) > 0
+    assert eps_lb_one_run(10, 0, 0) == 0.0 and eps_lb_one_run(10, 10, 0) == 0.0
+    assert eps_lb_one_run(10, 10, 10) == pytest.approx(special.logit(0.05 ** 0.1))
+    for f in (eps_lb_clopper_pearson, mu_lb_gdp):
+        values = f(np.arange(11), 10, 10 - np.arange(11), 10)
+        assert np.all(np.isfinite(values)) and np.all(values >= 0)
+
+
+@pytest.mark.parametrize("args,kw,match", [
+    ((5, 4, 0, 4), {}, "counts"), ((-1, 4, 0, 4), {}, "counts"), ((1, 0, 0, 4), {}, "n_pos"),
+    ((1.5, 4, 0, 4), {}, "whole"), ((1, 4, 0, 4), {"alpha": 0.0}, "alpha"),
+    ((1, 4, 0, 4), {"alpha": 1.0}, "alpha"), ((1, 4, 0, 4), {"delta": 1.0}, "delta"),
+    ((1, 4, 0, 4), {"k": 0}, "k="), ((1, 4, 0, 4), {"k": 1.5}, "k="),
+    ((np.nan, 4, 0, 4), {}, "whole"),
+])
+def test_invalid_inputs_raise(args, kw, match):
+    with pytest.raises(ValueError, match=match):
+        eps_lb_clopper_pearson(*args, **kw)
+
+
+def test_invalid_one_run_and_threshold_inputs():
+    with pytest.raises(ValueError, match="v <= r <= m"):
+        eps_lb_one_run(10, 11, 1)
+    with pytest.raises(ValueError, match="v <= r"):
+        eps_lb_one_run(10, 5, 6)
+    with pytest.raises(ValueError, match="beta"):
+        eps_lb_one_run(10, 5, 5, beta=1.0)
+    with pytest.raises(ValueError, match="finite"):
+        threshold_scan_audit([0, np.nan], [0, 1], eps_lb_clopper_pearson, 0.05)
+    with pytest.raises(ValueError, match="at least 2"):
+        threshold_split_audit([0], [0, 1], eps_lb_clopper_pearson, 0.05)
+
+
+# ---- soundness by simulation -----------------------------------------------------
+
+def test_soundness_clopper_pearson_generalized_randomized_response():
+    """M(b): with prob. delta reveal b, else randomized response at eps: exactly (eps, delta)-DP.
+
+    The event "output 1" is tight: TPR = e^eps FPR + delta.  Also shows the test has power:
+    the plug-in estimate log((TPR-delta)/FPR) exceeds the truth in about half the audits.
+    """
+    rng = np.random.default_rng(0)
+    n, alpha = 1000, 0.05
+    for eps, delta in [(1.0, 0.0), (2.0, 0.05), (0.5, 0.2)]:
+        fpr = (1 - delta) / (1 + np.exp(eps))
+        tpr = np.exp(eps) * fpr + delta
+        ct_pos, ct_neg = rng.binomial(n, tpr, AUDITS), rng.binomial(n, fpr, AUDITS)
+        lb = eps_lb_clopper_pearson(ct_pos, n, ct_neg, n, alpha=alpha, delta=delta)
+        assert np.mean(lb > eps) <= slack(alpha)
+        assert np.median(lb) > 0.6 * eps
+        with np.errstate(divide="ignore", invalid="ignore"):
+            plug_in = np.log((ct_pos / n - delta) / (ct_neg / n))
+        assert np.mean(plug_in > eps) > 0.3
+
+
+def test_soundness_and_tightness_gdp_gaussian():
+    rng = np.random.default_rng(1)
+    n, alpha = 1000, 0.05
+    for mu, t in [(1.0, 0.5), (2.0, 1.0), (0.5, 0.0)]:
+        tpr, fpr = stats.norm.sf(t - mu), stats.norm.sf(t)
+        ct_pos, ct_neg = rng.binomial(n, tpr, AUDITS), rng.binomial(n, fpr, AUDITS)
+        assert np.mean(mu_lb_gdp(ct_pos, n, ct_neg, n, alpha=alpha) > mu) <= slack(alpha)
+    # tight on a heavily leaking mechanism with many runs: within 2 % of the truth
+    n = 10**7
+    assert mu_lb_gdp(round(n * stats.norm.sf(-1.5)), n, round(n * stats.norm.sf(1.5)), n,
+                     alpha=0.05) == pytest.approx(3.0, rel=0.02)
+    # (eps, delta) of the same Gaussian: eps_from_mu(mu_LB) stays below the true eps(delta)
+    lb = [eps_from_mu(m, 1e-5) for m in mu_lb_gdp(ct_pos[:200], 1000, ct_neg[:200], 1000)]
+    assert np.mean(np.array(lb) > eps_from_mu(0.5, 1e-5)) <= slack(0.05, 200)
+
+
+def test_tightness_clopper_pearson_with_many_runs():
+    # randomized response at eps = 2 audited with 1e6 runs per side: within 2 % of the truth
+    n, eps = 10**6, 2.0
+    p = special.expit(eps)
+    assert eps_lb_clopper_pearson(round(n * p), n, round(n * (1 - p)), n) == pytest.approx(
+        eps, rel=0.02)
+
+
+def _laplace_scores(rng, eps, n, audits):
+    # Laplace mechanism on a count with sensitivity 1: pure eps-DP, tight for thresholds >= 1.
+    return 1 + rng.laplace(0, 1 / eps, (audits, n)), rng.laplace(0, 1 / eps, (audits, n))
+
+
+@pytest.mark.parametrize("procedure", ["split", "scan"])
+def test_soundness_threshold_procedures_laplace(procedure):
+    rng = np.random.default_rng(2)
+    eps, n, alpha, audits = 1.0, 400, 0.05, 400
+    pos, neg = _laplace_scores(rng, eps, n, audits)
+    audit = threshold_split_audit if procedure == "split" else threshold_scan_audit
+    lb = np.array([audit(p, q, eps_lb_clopper_pearson, alpha).value for p, q in zip(pos, neg)])
+    assert np.mean(lb > eps) <= slack(alpha, audits)
+    assert np.median(lb) > 0.25 * eps  # still informative
+
+
+def test_threshold_split_uses_held_out_half():
+    pos = np.r_[np.full(50, 10.0), np.zeros(50)]  # selection half separates, evaluation not
+    neg = np.zeros(100)
+    out = threshold_split_audit(pos, neg, eps_lb_clopper_pearson, 0.05)
+    assert out.threshold >= 0 and (out.ct_pos, out.n_pos, out.ct_neg, out.n_neg) == (0, 50, 0, 50)
+    assert out.value == 0.0
+
+
+def test_soundness_one_run_randomized_response():
+    """m canaries, each in with prob. 1/2, released by per-canary randomized response.
+
+    eps-DP with respect to each canary and tight: every guess is right with prob.
+    e^eps/(1+e^eps).  The attack guesses r random canaries, abstaining on the rest.
+    """
+    rng = np.random.default_rng(4)
+    m, r, beta = 1000, 300, 0.05
+    for eps in (0.5, 2.0):
+        v = rng.binomial(r, special.expit(eps), AUDITS)
+        lb = eps_lb_one_run(m, r, v, beta=beta)
+        assert np.mean(lb > eps) <= slack(beta)
+        assert np.median(lb) > 0.6 * eps
+    # tight with many guesses: within 3 %
+    r = 10**6
+    assert eps_lb_one_run(r, r, round(r * special.expit(2.0))) == pytest.approx(2.0, rel=0.03)
+
+
+def test_soundness_one_run_gaussian_top_k_guesses():
+    """Gaussian scores (mu-GDP per canary) with the paper's guesses: top and bottom k.
+
+    The mechanism is (eps(delta), delta)-DP for every delta, so the (eps, delta) one-run
+    bound must stay below eps_from_mu(mu, delta).
+    """
+    rng = np.random.default_rng(5)
+    m, k, mu, delta, beta, audits = 1000, 50, 2.0, 1e-5, 0.05, 300
+    truth = eps_from_mu(mu, delta)
+    s = rng.choice([-1, 1], (audits, m))
+    scores = mu * (s > 0) + rng.standard_normal((audits, m))
+    order = np.argsort(scores, axis=1)
+    top, bottom = order[:, -k:], order[:, :k]
+    v = (np.take_along_axis(s, top, 1) > 0).sum(1) + (np.take_along_axis(s, bottom, 1) < 0).sum(1)
+    lb = eps_lb_one_run(m, 2 * k, v, delta=delta, beta=beta)
+    assert np.mean(lb > truth) <= slack(beta, audits)
+    assert np.median(lb) > 1.0  # the top/bottom guesses are mostly right

@@ -1,0 +1,1 @@
+# hw3 rules (placeholder)

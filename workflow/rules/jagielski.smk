@@ -1,0 +1,1 @@
+# jagielski rules (placeholder)

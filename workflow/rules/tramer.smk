@@ -1,0 +1,1 @@
+# tramer rules (placeholder)
