@@ -7,23 +7,24 @@ rule ridge_audit:
         "results/ridge_audit.csv",
     params:
         spec=spec("ridge"),
+        seed=config["seed"],
     log:
         "logs/ridge_audit.log",
     conda:
         ENV
     shell:
-        "dpaudit ridge-audit --spec {params.spec} --seed {config[seed]} --out {output} 2> {log}"
+        "dpaudit ridge-audit --spec {params.spec} --seed {params.seed} --out {output} 2> {log}"
 
 
 rule ridge_plot:
     input:
         "results/ridge_audit.csv",
     output:
-        "figures/ridge_audit.pdf",
-        "figures/ridge_audit.png",
+        pdf="figures/ridge_audit.pdf",
+        png="figures/ridge_audit.png",
     log:
         "logs/ridge_plot.log",
     conda:
         ENV
     shell:
-        "dpaudit ridge-plot --table {input} --out {output[0]} 2> {log}"
+        "dpaudit ridge-plot --table {input} --out {output.pdf} 2> {log}"
