@@ -294,3 +294,10 @@ def test_soundness_one_run_gaussian_top_k_guesses():
     lb = eps_lb_one_run(m, 2 * k, v, delta=delta, beta=beta)
     assert np.mean(lb > truth) <= slack(beta, audits)
     assert np.median(lb) > 1.0  # the top/bottom guesses are mostly right
+
+
+def test_published_maximum_of_jagielski_table_2():
+    # Seed 003, Table 2: with T = 500 evaluation trials per side at 99 % confidence a
+    # perfect test (k = 1) certifies at most 4.54, the value in every eps_th = inf,
+    # fixed-init cell.
+    assert eps_lb_clopper_pearson(500, 500, 0, 500, alpha=0.01) == pytest.approx(4.54, abs=5e-3)

@@ -33,13 +33,16 @@ The buggy subject is a named test subject here, never an option of the real trai
 
 from __future__ import annotations
 
+import functools
 import importlib
-import math
 from typing import Callable, Sequence
 
 import torch
 
 from . import accounting, dpsgd
+
+# An audit trains the same subject in many calls; calibrating sigma takes about a second.
+_noise_multiplier = functools.lru_cache(maxsize=64)(accounting.noise_multiplier)
 
 #: predict(x (m, d)) -> logits (runs, m, n_classes)
 Predict = Callable[[torch.Tensor], torch.Tensor]
@@ -77,8 +80,7 @@ def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict):
     if not 0 < q <= 1:
         raise ValueError(f"spec.batch_size={spec['batch_size']}: must be in (0, n={n}]")
     steps = max(1, round(spec["epochs"] / q))
-    sigma = accounting.noise_multiplier(spec["eps"], q, steps, spec["delta"],
-                                        spec.get("accountant", "rdp"))
+    sigma = _noise_multiplier(spec["eps"], q, steps, spec["delta"], spec.get("accountant", "rdp"))
     model = dpsgd.ModelSpec(arch=spec.get("arch", "lr"), in_dim=X.shape[1],
                             hidden=spec.get("hidden", 32),
                             n_classes=int(spec.get("n_classes", int(y.max()) + 1)))
@@ -141,4 +143,3 @@ def claimed_noise_multiplier(spec: dict, n: int) -> float:
 
 __all__ = ["SUBJECTS", "SUBJECT_KEYS", "TrainFn", "Predict", "dpsgd_fixed", "dpsgd_buggy",
            "load_train_fn", "claimed_noise_multiplier"]
-_ = math  # noqa

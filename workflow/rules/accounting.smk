@@ -1,1 +1,62 @@
-# accounting rules (placeholder)
+# Accountant and composition curves (issue 2 section 5): Abadi et al. Fig. 2 and the
+# seed 000 composition graph.  Deterministic and CPU-only: one job per table.
+FIGURES += ["figures/abadi_fig2.pdf", "figures/composition.pdf"]
+
+
+rule accounting_abadi:
+    output:
+        "results/abadi_fig2.csv",
+    params:
+        spec=spec("accounting", "abadi"),
+        seed=config["seed"],
+    log:
+        "logs/accounting_abadi.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit accounting-curves --figure abadi --spec {params.spec} --seed {params.seed}"
+        " --out {output} 2> {log}"
+
+
+rule accounting_abadi_plot:
+    input:
+        "results/abadi_fig2.csv",
+    output:
+        pdf="figures/abadi_fig2.pdf",
+        png="figures/abadi_fig2.png",
+    log:
+        "logs/accounting_abadi_plot.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit accounting-plot --figure abadi --table {input} --out {output.pdf} 2> {log}"
+
+
+rule accounting_composition:
+    output:
+        "results/composition.csv",
+    params:
+        spec=spec("accounting", "composition"),
+        seed=config["seed"],
+    log:
+        "logs/accounting_composition.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit accounting-curves --figure composition --spec {params.spec}"
+        " --seed {params.seed} --out {output} 2> {log}"
+
+
+rule accounting_composition_plot:
+    input:
+        "results/composition.csv",
+    output:
+        pdf="figures/composition.pdf",
+        png="figures/composition.png",
+    log:
+        "logs/accounting_composition_plot.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit accounting-plot --figure composition --table {input} --out {output.pdf}"
+        " 2> {log}"

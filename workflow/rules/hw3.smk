@@ -1,1 +1,53 @@
-# hw3 rules (placeholder)
+# HW3 Q2 (seed 004 s.2): one-run audits of the Gaussian sum mechanism, one job per grid.
+HW3_GRIDS = ["eps", "m", "d"]
+FIGURES.extend(f"figures/hw3_eps_vs_{grid}.pdf" for grid in HW3_GRIDS)
+
+
+rule hw3_audit:
+    output:
+        "results/hw3_eps_vs_{grid}.csv",
+    wildcard_constraints:
+        grid="eps|m|d",
+    params:
+        spec=spec("hw3"),
+        seed=config["seed"],
+    threads: 2
+    log:
+        "logs/hw3_audit_{grid}.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit hw3-audit --grid {wildcards.grid} --spec {params.spec} --seed {params.seed}"
+        " --threads {threads} --out {output} 2> {log}"
+
+
+rule hw3_plot:
+    input:
+        "results/hw3_eps_vs_{grid}.csv",
+    output:
+        pdf="figures/hw3_eps_vs_{grid}.pdf",
+        png="figures/hw3_eps_vs_{grid}.png",
+    wildcard_constraints:
+        grid="eps|m|d",
+    log:
+        "logs/hw3_plot_{grid}.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit hw3-plot --grid {wildcards.grid} --table {input} --out {output.pdf} 2> {log}"
+
+
+# Named targets: `snakemake hw3_eps` etc. regenerate one figure and its table.
+rule hw3_eps:
+    input:
+        "figures/hw3_eps_vs_eps.pdf",
+
+
+rule hw3_m:
+    input:
+        "figures/hw3_eps_vs_m.pdf",
+
+
+rule hw3_d:
+    input:
+        "figures/hw3_eps_vs_d.pdf",

@@ -1,5 +1,172 @@
-"""Placeholder: replaced by the tramer subcommands."""
+"""``dpaudit audit-impl`` and ``dpaudit tramer-plot``: audit a DP training implementation.
+
+``audit-impl`` trains a training function (a registry subject, ``buggy`` or ``fixed``, or a
+user's ``module.path:function``; contract in :mod:`dpaudit.subjects`) many times on
+Fashion-MNIST with and without a canary and tests its claimed (eps, delta) as in Tramer
+et al. 2022 (seed 000); see ``docs/audit_your_implementation.md``.  Every input is
+checked before any training starts.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from . import SpecError, spec_arg
+
+#: Leading columns of the audit table (the issue's order); more follow.
+COLUMNS = ["implementation", "claimed_eps", "delta", "runs", "tpr", "fpr", "threshold",
+           "eps_lb", "mu_lb", "verdict"]
+#: Spec keys the audit sets for registry subjects, from the claim and the data.
+_INJECTED = ("eps", "delta", "n")
+
+
+def _number(text, name: str, low: float, high: float | None = None) -> float:
+    """``text`` as a finite float in (low, high), else a SpecError naming ``name``."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > low and (high is None or value < high)):
+        where = f"> {low:g}" + (f" and < {high:g}" if high is not None else "")
+        raise SpecError(f"{name}={text!r}: must be a number {where}")
+    return value
+
+
+def _positive_int(value: int, name: str, low: int = 1) -> int:
+    if value < low:
+        raise SpecError(f"{name}={value}: must be an integer >= {low}")
+    return value
+
+
+def _check(args) -> dict:
+    """Every check that can fail before training: claim, run counts, functions, specs."""
+    from .. import subjects, tramer
+
+    eps = _number(args.eps, "--eps (claimed epsilon)", 0.0)
+    delta = _number(args.delta, "--delta (claimed delta)", 0.0, 1.0)
+    alpha = _number(args.alpha, "--alpha (1 - confidence)", 0.0, 1.0)
+    need = tramer.min_runs(eps, delta, alpha)
+    if args.runs < need:
+        best = tramer.max_eps_lb(max(args.runs, 1), delta, alpha)
+        raise SpecError(
+            f"--runs={args.runs}: too few evaluation runs per side for the claimed eps={eps:g} "
+            f"at confidence 1 - {alpha:g}: even a perfect attack (TPR = 1, FPR = 0) on "
+            f"{args.runs} runs certifies at most eps_LB={best:.3g}; need --runs >= {need}")
+    _positive_int(args.val_runs, "--val-runs")
+    _positive_int(args.n_train, "--n-train", 2)
+    _positive_int(args.batch_runs, "--batch-runs")
+    try:
+        classes = [int(c) for c in args.classes.split(",")]
+    except ValueError:
+        classes = []
+    if (len(classes) < 2 or len(set(classes)) != len(classes)
+            or not all(0 <= c <= 9 for c in classes)):
+        raise SpecError(f"--classes={args.classes!r}: must be >= 2 distinct FMNIST classes in 0..9")
+    if args.label is not None and not 0 <= args.label < len(classes):
+        raise SpecError(f"--label={args.label}: must be a class index in 0..{len(classes) - 1}")
+    if len(set(args.train)) != len(args.train):
+        raise SpecError(f"--train {args.train}: each implementation at most once")
+    plans = []
+    for target in args.train:
+        try:
+            fn = subjects.load_train_fn(target)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from exc
+        spec = dict(args.spec)
+        if fn in subjects.SUBJECTS.values():
+            clash = sorted(set(spec) & set(_INJECTED))
+            if clash:
+                raise SpecError(f"--spec keys {clash} are set by the audit for registry subject "
+                                f"{target!r} (from --eps, --delta and --n-train); remove them")
+            spec.update(eps=eps, delta=delta, n=args.n_train)
+            try:
+                sigma = subjects.claimed_noise_multiplier(spec, args.n_train)
+            except ValueError as exc:
+                raise SpecError(f"--spec for {target!r}: {exc}") from exc
+            print(f"audit-impl: {target}: noise multiplier {sigma:.4g} calibrated to "
+                  f"({eps:g}, {delta:g})-DP", file=sys.stderr)
+        plans.append((target, fn, spec))
+    return {"eps": eps, "delta": delta, "alpha": alpha, "min_runs": need, "classes": classes,
+            "plans": plans}
+
+
+def _audit(args) -> None:
+    import pandas as pd
+    import torch
+
+    from .. import tramer
+    from ..data import load_fmnist
+    from ..io import write_table
+
+    plan = _check(args)
+    X, y = load_fmnist(args.data_root, classes=plan["classes"])
+    X, y = torch.as_tensor(X[:args.n_train]), torch.as_tensor(y[:args.n_train])
+    if len(X) < args.n_train:
+        raise SpecError(f"--n-train={args.n_train}: only {len(X)} examples of classes "
+                        f"{plan['classes']} in the reference subset")
+    canary = tramer.make_canary(args.canary, X, y, args.label)
+    rows, losses = [], []
+    for target, fn, spec in plan["plans"]:
+        row, loss = tramer.audit_implementation(
+            fn, X, y, canary, plan["eps"], plan["delta"], args.runs, args.val_runs, spec,
+            args.seed, plan["alpha"], args.batch_runs,
+            progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr))
+        print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
+              f"{row['eps_lb']:.3f} (claimed {plan['eps']:g}): {row['verdict']}", file=sys.stderr)
+        rows.append({"implementation": target, **row, "min_runs": plan["min_runs"],
+                     "n_train": args.n_train})
+        losses.append(loss.assign(implementation=target))
+    table = pd.DataFrame(rows)
+    table = table[COLUMNS + [c for c in table.columns if c not in COLUMNS]]
+    loss_table = pd.concat(losses, ignore_index=True)
+    loss_table = loss_table[["implementation"] + [c for c in loss_table if c != "implementation"]]
+    provenance = {"command": "audit-impl", "spec": args.spec, "seed": args.seed,
+                  "args": {k: v for k, v in vars(args).items() if k != "func"}}
+    losses_path = args.losses or args.out.with_name(f"{args.out.stem}_losses.csv")
+    write_table(loss_table, losses_path, provenance)
+    write_table(table, args.out, provenance)
+
+
+def _plot(args) -> None:
+    from ..plots.tramer import plot_canary_losses
+
+    plot_canary_losses(args.table, args.losses, args.out)
 
 
 def register(subparsers) -> None:
-    pass
+    p = subparsers.add_parser(
+        "audit-impl", help="audit a DP training function's claimed (eps, delta) with a canary",
+        description="Train TARGET on Fashion-MNIST with and without a canary, RUNS times per "
+                    "side (plus VAL_RUNS per side to pick the label and threshold), and test "
+                    "the claimed (eps, delta) with Clopper-Pearson at confidence 1 - ALPHA and "
+                    "the GDP test (Tramer et al. 2022).")
+    p.add_argument("--train", action="extend", nargs="+", required=True, metavar="TARGET",
+                   help="'buggy', 'fixed' or 'module.path:function' (several: one table row each)")
+    p.add_argument("--eps", required=True, help="claimed epsilon")
+    p.add_argument("--delta", required=True, help="claimed delta")
+    p.add_argument("--canary", choices=["checkerboard", "clipbkd"], default="checkerboard")
+    p.add_argument("--label", type=int, default=None,
+                   help="canary label (default: least likely on validation runs without it)")
+    p.add_argument("--runs", type=int, required=True, help="evaluation runs per side")
+    p.add_argument("--val-runs", type=int, default=100, help="validation runs per side")
+    p.add_argument("--alpha", default="1e-10", help="1 - confidence of eps_LB and mu_LB")
+    p.add_argument("--spec", type=spec_arg, default={},
+                   help="JSON object passed to the training function as `spec`")
+    p.add_argument("--classes", default="0,1", help="FMNIST classes, comma-separated")
+    p.add_argument("--n-train", type=int, default=500,
+                   help="training-set size: the first N of the reference FMNIST subset")
+    p.add_argument("--data-root", default=None, help="data folder (default $DPAUDIT_DATA)")
+    p.add_argument("--batch-runs", type=int, default=1000, help="runs per training call")
+    p.add_argument("--seed", type=int, required=True, help="master seed of the runs")
+    p.add_argument("--out", type=Path, required=True, help="audit table CSV")
+    p.add_argument("--losses", type=Path, default=None,
+                   help="per-run canary losses CSV (default: OUT with suffix _losses)")
+    p.set_defaults(func=_audit)
+
+    p = subparsers.add_parser("tramer-plot", help="histograms of the canary loss with/without")
+    p.add_argument("--table", type=Path, required=True, help="CSV from audit-impl")
+    p.add_argument("--losses", type=Path, required=True, help="losses CSV from audit-impl")
+    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.set_defaults(func=_plot)

@@ -1,0 +1,275 @@
+"""Data sets of the DP-SGD audits (Jagielski et al. 2020, seed 003): Fashion-MNIST, CIFAR.
+
+Every loader goes through torchvision's own readers, so a copy torchvision downloads
+(``download=True``, needs internet) and a local copy are read by the same code:
+
+- Fashion-MNIST: ``ROOT/FashionMNIST/raw/*-idx?-ubyte`` (torchvision's layout; ``.gz``
+  copies there are decompressed), else
+  Debian's ``dataset-fashion-mnist`` package (``/usr/share/datasets/fashion-mnist/*.gz``,
+  decompressed once into ``ROOT/FashionMNIST/raw/``), else a torchvision download.
+- CIFAR-10: ``ROOT/cifar-10-batches-py/`` (torchvision's pickle batches, md5-checked by
+  torchvision), else an ImageFolder tree ``ROOT/train/<class>/*``, ``ROOT/test/<class>/*``
+  (the layout of ``shared/data/cifar10-jpeg.tar.gz``; :func:`ensure_extracted` unpacks it),
+  else a torchvision download.
+- CIFAR-100: ``ROOT/cifar-100-python/`` or a torchvision download.
+
+Missing data raises :class:`DataNotFound`, whose message lists the places looked at and
+how to obtain the files.
+
+Fashion-MNIST subset of the reference (``datasets/fmnist/make_new.py``, ``make_old.py`` of
+jagielski/auditing-dpsgd): the training images of classes 0 and 1 (T-shirt/top,
+Trouser; 12,000 images) in file order, then ``np.random.seed(0);
+np.random.choice(12000, 6000, replace=False)``, kept in that (random) order, pixels
+``/255``.  :func:`load_fmnist` reproduces that subset exactly (same legacy RandomState
+stream); the test split is used whole.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+import torchvision
+
+FMNIST_DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer",
+                   "dog", "frog", "horse", "ship", "truck")
+#: Default data root: ``$DPAUDIT_DATA`` or ``~/.cache/dpaudit/data``.
+DEFAULT_ROOT = Path(os.environ.get("DPAUDIT_DATA", Path.home() / ".cache" / "dpaudit" / "data"))
+
+
+class DataNotFound(FileNotFoundError):
+    """A data set is neither at the configured root nor at any fallback location."""
+
+
+class ImageData(NamedTuple):
+    """Images ``(n, 3, 32, 32)`` uint8, labels ``(n,)`` int64, and where they came from."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    source: str
+
+
+def _root(root: str | os.PathLike | None) -> Path:
+    return Path(root).expanduser() if root is not None else DEFAULT_ROOT
+
+
+def subset_indices(n: int, frac: float, seed: int) -> tuple[np.ndarray, np.random.RandomState]:
+    """``RandomState(seed).choice(n, int(n * frac), replace=False)`` and the advanced stream.
+
+    Identical to the reference's ``np.random.seed(seed); np.random.choice(...)``.  The
+    stream is returned because the reference draws its backdoor points from it next
+    (``make_old.py``); pass it to :func:`dpaudit.canaries.backdoor_pool` to reproduce them.
+    """
+    if not 0 < frac <= 1:
+        raise ValueError(f"subset_frac must be in (0, 1], got {frac!r}")
+    rng = np.random.RandomState(seed)
+    return rng.choice(n, int(n * frac), replace=False), rng
+
+
+def select_classes(y: np.ndarray, classes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (file order) of the examples whose label is in ``classes``, and the labels
+    relabelled to their position in ``classes`` (0..len(classes)-1)."""
+    classes = np.asarray(classes)
+    if len(np.unique(classes)) != len(classes):
+        raise ValueError(f"classes must be distinct, got {classes.tolist()}")
+    idx = np.flatnonzero(np.isin(y, classes))
+    relabel = np.searchsorted(np.sort(classes), y[idx])
+    return idx, np.argsort(classes)[relabel].astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- FMNIST
+
+def _fmnist_missing(root: Path, debian_dir: Path, download_error: Exception | None) -> DataNotFound:
+    msg = (f"Fashion-MNIST not found. Looked in {root / 'FashionMNIST' / 'raw'} "
+           f"(torchvision layout: {', '.join(FMNIST_FILES)}, optionally .gz) and in {debian_dir} "
+           "(Debian package). To get it: `sudo apt-get install -y dataset-fashion-mnist` "
+           "(files land in /usr/share/datasets/fashion-mnist/; without root: `apt-get download "
+           "dataset-fashion-mnist && dpkg-deb -x dataset-fashion-mnist_*.deb DIR` and point "
+           "debian_dir at DIR/usr/share/datasets/fashion-mnist), or copy the four IDX files into "
+           f"{root / 'FashionMNIST' / 'raw'}, or set download: true (needs internet).")
+    if download_error is not None:
+        msg += f" The torchvision download failed: {download_error}"
+    return DataNotFound(msg)
+
+
+def _decompress_idx_gz(gz_dir: Path, raw: Path) -> bool:
+    """Decompress the four ``*.gz`` IDX files of ``gz_dir`` into torchvision's raw folder
+    (atomically); False if any is missing."""
+    srcs = [gz_dir / f"{name}.gz" for name in FMNIST_FILES]
+    if not all(s.is_file() for s in srcs):
+        return False
+    raw.mkdir(parents=True, exist_ok=True)
+    for src, name in zip(srcs, FMNIST_FILES, strict=True):
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=raw)
+        with os.fdopen(fd, "wb") as out, gzip.open(src, "rb") as inp:
+            shutil.copyfileobj(inp, out)
+        os.replace(tmp, raw / name)
+    return True
+
+
+def fmnist_raw(root: str | os.PathLike | None = None, train: bool = True, download: bool = False,
+               debian_dir: str | os.PathLike = FMNIST_DEBIAN_DIR) -> tuple[np.ndarray, np.ndarray]:
+    """All Fashion-MNIST images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 of a split,
+    read by ``torchvision.datasets.FashionMNIST`` (sources in the module docstring)."""
+    root, debian_dir = _root(root), Path(debian_dir)
+    raw = root / "FashionMNIST" / "raw"
+    download_error = None
+    have = all((raw / n).is_file() for n in FMNIST_FILES)
+    for gz_dir in (raw, debian_dir):  # .gz copies (as downloaded, or Debian's): decompress
+        have = have or _decompress_idx_gz(gz_dir, raw)
+    if not have and download:
+        try:
+            torchvision.datasets.FashionMNIST(root, train=train, download=True)
+            have = True
+        except Exception as err:  # noqa: BLE001 - any network/mirror failure means "not found"
+            download_error = err
+    if not have:
+        raise _fmnist_missing(root, debian_dir, download_error)
+    ds = torchvision.datasets.FashionMNIST(root, train=train, download=False)
+    return ds.data.numpy(), ds.targets.numpy().astype(np.int64)
+
+
+def load_fmnist(root: str | os.PathLike | None = None, classes: Sequence[int] = (0, 1),
+                subset_frac: float | None = None, seed: int = 0, train: bool = True,
+                download: bool = False,
+                debian_dir: str | os.PathLike = FMNIST_DEBIAN_DIR) -> tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST task of the reference: ``X`` float32 ``(n, 784)`` in [0, 1], ``y`` int64.
+
+    Keeps the images of ``classes`` (file order), relabels them ``0..len(classes)-1``, then
+    takes ``RandomState(seed).choice(n, int(n * subset_frac), replace=False)`` in draw order.
+    ``subset_frac=None`` means the reference's choice: 0.5 for train (n = 6000 for classes
+    0, 1 with seed 0, the exact reference subset) and 1.0 (whole split, no draw) for test.
+    """
+    images, labels = fmnist_raw(root, train=train, download=download, debian_dir=debian_dir)
+    idx, y = select_classes(labels, classes)
+    X = images[idx].reshape(len(idx), -1).astype(np.float32) / np.float32(255)
+    frac = (0.5 if train else 1.0) if subset_frac is None else subset_frac
+    if frac < 1:
+        sub, _ = subset_indices(len(idx), frac, seed)
+        X, y = X[sub], y[sub]
+    return X, y
+
+
+# ----------------------------------------------------------------------------- CIFAR
+
+def ensure_extracted(tar: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Unpack an ImageFolder tarball (``train/<class>/*``, ``test/<class>/*``) into ``dest``.
+
+    Does nothing when ``dest/train`` and ``dest/test`` exist.  Extracts into a temporary
+    sibling folder and renames the two trees into place, so an interrupted run leaves no
+    half tree that would later pass for complete.
+    """
+    tar, dest = Path(tar), Path(dest)
+    if (dest / "train").is_dir() and (dest / "test").is_dir():
+        return dest
+    if not tar.is_file():
+        raise DataNotFound(f"CIFAR-10 tarball {tar} not found (expected cifar10-jpeg.tar.gz, "
+                           "an ImageFolder tree train/<class>/*, test/<class>/*).")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".extract-", dir=dest) as tmp:
+        with tarfile.open(tar) as tf:
+            tf.extractall(tmp, filter="data")
+        for split in ("train", "test"):
+            if not (Path(tmp) / split).is_dir():
+                raise DataNotFound(f"{tar} has no top-level '{split}/' folder")
+        for split in ("train", "test"):
+            if not (dest / split).is_dir():
+                os.replace(Path(tmp) / split, dest / split)
+    return dest
+
+
+def _cifar_missing(name: str, root: Path, download_error: Exception | None, extra: str) -> DataNotFound:
+    folder = {"CIFAR-10": "cifar-10-batches-py", "CIFAR-100": "cifar-100-python"}[name]
+    msg = (f"{name} not found. Looked for torchvision's {root / folder}/{extra}. To get it: "
+           f"set download: true (torchvision downloads it into {root}; needs internet), or copy "
+           f"an existing {folder}/ folder into {root}.")
+    if name == "CIFAR-10":
+        msg += (f" Or unpack an ImageFolder tarball (train/<class>/*, test/<class>/*; e.g. "
+                f"cifar10-jpeg.tar.gz of the project's shared/data/) into {root}: "
+                f"dpaudit.data.ensure_extracted(tarball, {root}), or pass tarball=....")
+    if download_error is not None:
+        msg += f" The torchvision download failed: {download_error}"
+    return DataNotFound(msg)
+
+
+def _torchvision_cifar(cls, root: Path, train: bool, download: bool):
+    """The torchvision data set, or the download error (None when absent, no download)."""
+    if download:
+        try:
+            return cls(root, train=train, download=True), None
+        except Exception as err:  # noqa: BLE001 - any network/mirror failure means "not found"
+            return None, err
+    try:
+        return cls(root, train=train, download=False), None
+    except RuntimeError:  # torchvision: "Dataset not found or corrupted"
+        return None, None
+
+
+def _imagefolder(split_dir: Path, classes: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Decode an ImageFolder split whose folder names are CIFAR-10 class names; labels are
+    canonical CIFAR-10 indices.  Only images of ``classes`` (all if None) are decoded."""
+    folder = torchvision.datasets.ImageFolder(split_dir)  # loader: PIL, converted to RGB
+    unknown = set(folder.classes) - set(CIFAR10_CLASSES)
+    if unknown:
+        raise ValueError(f"{split_dir}: folders {sorted(unknown)} are not CIFAR-10 classes")
+    to_canonical = np.array([CIFAR10_CLASSES.index(c) for c in folder.classes])
+    labels = to_canonical[np.array(folder.targets, dtype=np.int64)]
+    keep = np.arange(len(labels)) if classes is None else np.flatnonzero(np.isin(labels, classes))
+    images = np.stack([np.asarray(folder.loader(folder.samples[i][0])).transpose(2, 0, 1)
+                       for i in keep]) if len(keep) else np.empty((0, 3, 32, 32), np.uint8)
+    return images, labels[keep]
+
+
+def load_cifar10(root: str | os.PathLike | None = None, train: bool = True,
+                 classes: Sequence[int] | None = None, download: bool = False,
+                 tarball: str | os.PathLike | None = None) -> ImageData:
+    """CIFAR-10 images ``(n, 3, 32, 32)`` uint8 (scale by 1/255 for [0, 1]) and labels.
+
+    ``classes`` (canonical CIFAR-10 indices, :data:`CIFAR10_CLASSES`) keeps those classes,
+    relabelled ``0..len(classes)-1`` in the given order; ``None`` keeps all ten unchanged.
+    ``source`` is ``"torchvision"`` for the pickle batches and ``"imagefolder:<dir>"`` for
+    the JPEG tree (a lossy re-encoding: results made from it must say so).
+    """
+    root = _root(root)
+    ds, download_error = _torchvision_cifar(torchvision.datasets.CIFAR10, root, train, download)
+    if ds is not None:
+        images = np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))
+        labels, source = np.asarray(ds.targets, dtype=np.int64), "torchvision"
+    else:
+        if tarball is not None:
+            ensure_extracted(tarball, root)
+        split_dir = root / ("train" if train else "test")
+        if not split_dir.is_dir():
+            raise _cifar_missing("CIFAR-10", root, download_error,
+                                 f" and an ImageFolder tree {split_dir}/<class>/*")
+        (images, labels), source = _imagefolder(split_dir, classes), f"imagefolder:{split_dir}"
+    if classes is not None:
+        idx, labels = select_classes(labels, classes)
+        images = images[idx]
+    return ImageData(images, labels, source)
+
+
+def load_cifar100(root: str | os.PathLike | None = None, train: bool = True,
+                  download: bool = False) -> ImageData:
+    """CIFAR-100 images ``(n, 3, 32, 32)`` uint8 and fine labels (0..99) via torchvision."""
+    root = _root(root)
+    ds, download_error = _torchvision_cifar(torchvision.datasets.CIFAR100, root, train, download)
+    if ds is None:
+        raise _cifar_missing("CIFAR-100", root, download_error, "")
+    images = np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))
+    return ImageData(images, np.asarray(ds.targets, dtype=np.int64), "torchvision")
+
+
+def to_float(images: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 images -> float32 tensor in [0, 1] (the reference divides pixels by 255)."""
+    return torch.as_tensor(images).to(torch.float32).div_(255)

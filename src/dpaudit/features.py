@@ -1,0 +1,160 @@
+"""Frozen CNN features for the CIFAR-10 audits (Jagielski et al. 2020, seed 003 section 4).
+
+The reference (``code/audit.py: build_model_cifar`` of jagielski/auditing-dpsgd) trains
+DP-SGD only on a new head over a frozen Keras CNN pretrained on CIFAR-100:
+
+    Conv2D(32,3,same,relu) Conv2D(32,3,same,relu) MaxPool2D(2)
+    Conv2D(64,3,same,relu) Conv2D(64,3,same,relu) MaxPool2D(2)
+    Conv2D(128,3,same,relu) Conv2D(128,3,same,relu) MaxPool2D(2)
+    Flatten Dense(1024, relu) | Dense(100)
+
+and feeds the ReLU output of ``Dense(1024)`` to the head.  :class:`CifarCNN` is that
+network in torch (Keras default init: Glorot-uniform kernels, zero biases).  Its
+pretraining script and weights are not public, so :func:`pretrain` uses Adam, lr 1e-3,
+batch 128, cross-entropy, no augmentation; the audit task uses CIFAR-10 classes
+:data:`AUDIT_CLASSES`, and with no CIFAR-100 copy :func:`pretraining_data` falls back to
+the other eight CIFAR-10 classes (disjoint from the audited task).  Features are computed
+once (:func:`extract_features`) and cached with their provenance
+(:func:`save_features`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import DataNotFound, ImageData, load_cifar10, load_cifar100, to_float
+from .io import atomic_path
+
+#: CIFAR-10 classes of the audited 2-class task: airplane (0) vs automobile (1).  The
+#: reference's CIFAR data script is not public; this mirrors its FMNIST choice
+#: (``trn_y < 2``, the first two classes).
+AUDIT_CLASSES = (0, 1)
+FEATURE_DIM = 1024
+
+
+class CifarCNN(nn.Module):
+    """The reference's CIFAR CNN: ``features`` (to the 1024-d ReLU layer) and ``head``."""
+
+    def __init__(self, n_classes: int):
+        super().__init__()
+        layers: list[nn.Module] = []
+        in_ch = 3
+        for ch in (32, 64, 128):
+            layers += [nn.Conv2d(in_ch, ch, 3, padding=1), nn.ReLU(),
+                       nn.Conv2d(ch, ch, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+            in_ch = ch
+        layers += [nn.Flatten(), nn.Linear(128 * 4 * 4, FEATURE_DIM), nn.ReLU()]
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(FEATURE_DIM, n_classes)
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    return torch.device(device if device is not None else
+                        ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def pretrain(images: np.ndarray, labels: np.ndarray, epochs: int, seed: int,
+             device: str | torch.device | None = None, batch_size: int = 128,
+             lr: float = 1e-3) -> tuple[CifarCNN, list[float]]:
+    """Train :class:`CifarCNN` on uint8 images ``(n, 3, 32, 32)`` (scaled to [0, 1]) with
+    cross-entropy and Adam; returns the model (eval mode) and the mean training loss of
+    each epoch.  Initialisation and batch order depend only on ``seed`` (bitwise
+    reproducible on CPU)."""
+    dev = _device(device)
+    labels_t = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = CifarCNN(int(labels_t.max()) + 1)
+    model.to(dev).train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    history = []
+    for _ in range(epochs):
+        order = torch.randperm(len(labels_t), generator=gen)
+        total = 0.0
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            xb = to_float(images[idx.numpy()]).to(dev)
+            loss = nn.functional.cross_entropy(model(xb), labels_t[idx].to(dev))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+        history.append(total / len(order))
+    return model.eval(), history
+
+
+@torch.inference_mode()
+def extract_features(model: CifarCNN, images: np.ndarray, batch_size: int = 1000,
+                     device: str | torch.device | None = None) -> np.ndarray:
+    """1024-d ReLU features ``(n, 1024)`` float32 of uint8 images, in batches."""
+    dev = _device(device)
+    model = model.to(dev).eval()
+    out = np.empty((len(images), FEATURE_DIM), dtype=np.float32)
+    for start in range(0, len(images), batch_size):
+        xb = to_float(images[start:start + batch_size]).to(dev)
+        out[start:start + len(xb)] = model.features(xb).cpu().numpy()
+    return out
+
+
+def pretraining_data(root: str | os.PathLike | None = None,
+                     audit_classes: Sequence[int] = AUDIT_CLASSES,
+                     cifar100_root: str | os.PathLike | None = None, download: bool = False,
+                     tarball: str | os.PathLike | None = None) -> ImageData:
+    """Training images for the feature extractor: CIFAR-100 (train split, as the
+    reference) when available, else the CIFAR-10 training images of the classes *not*
+    in ``audit_classes`` (relabelled 0..). ``source`` says which: ``"cifar100:..."`` or
+    ``"cifar10-other-classes[2, 3, ...]:..."``."""
+    try:
+        d = load_cifar100(cifar100_root if cifar100_root is not None else root,
+                          download=download)
+        return ImageData(d.images, d.labels, f"cifar100:{d.source}")
+    except DataNotFound:
+        others = [c for c in range(10) if c not in set(audit_classes)]
+        d = load_cifar10(root, train=True, classes=others, download=download, tarball=tarball)
+        return ImageData(d.images, d.labels, f"cifar10-other-classes{others}:{d.source}")
+
+
+def save_extractor(path: str | os.PathLike, model: CifarCNN, provenance: dict[str, Any]) -> None:
+    """Save the pretrained weights and their provenance (atomic ``torch.save``)."""
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    with atomic_path(path) as tmp:
+        torch.save({"state_dict": state, "n_classes": model.head.out_features,
+                    "provenance": provenance}, tmp)
+
+
+def load_extractor(path: str | os.PathLike) -> tuple[CifarCNN, dict[str, Any]]:
+    """Inverse of :func:`save_extractor`: ``(model in eval mode, provenance)``."""
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    model = CifarCNN(blob["n_classes"])
+    model.load_state_dict(blob["state_dict"])
+    return model.eval(), blob["provenance"]
+
+
+def save_features(path: str | os.PathLike, arrays: dict[str, np.ndarray],
+                  provenance: dict[str, Any]) -> None:
+    """Cache feature arrays (e.g. ``train_x, train_y, test_x, test_y``) in an ``.npz``
+    with the provenance as JSON (atomic)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays, provenance=np.array(json.dumps(provenance, default=str)))
+
+
+def load_features(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Inverse of :func:`save_features`: ``(arrays, provenance)``."""
+    with np.load(path) as f:
+        arrays = {k: f[k] for k in f.files if k != "provenance"}
+        return arrays, json.loads(str(f["provenance"]))

@@ -1,0 +1,277 @@
+"""Auditing a DP training implementation with a canary (Tramer et al. 2022, seed 000).
+
+The test of "Debugging Differential Privacy: A Case Study for Privacy Auditing": train
+many models on the data set D (negative runs) and on D' = D + {(x', y')} (positive runs),
+with one *canary* (x', y') inserted once, and record the canary's loss
+``l(x', y') = -log softmax(f(x'))_{y'}`` in every run.  The attack says "canary in" when
+that loss is at most a threshold tau, chosen on separate *validation* runs so that the
+*evaluation* runs that give the counts are independent of the choice.  With ``ct_pos`` of
+``n`` positive and ``ct_neg`` of ``n`` negative evaluation runs said "in":
+
+* Clopper-Pearson (seed 000): an (eps, delta)-DP algorithm has
+  ``TPR <= e^eps FPR + delta`` (and the same for the complementary event), so the
+  one-sided Clopper-Pearson bounds ``TPR_lo`` and ``FPR_hi`` refute every
+  ``eps < ln((TPR_lo - delta) / FPR_hi)``.  Seed 000 states its result "with
+  p = 1e-10" and takes each of the two one-sided bounds at p/2 = 5e-11: that reproduces
+  its ``alpha^+ <= 0.95509`` (FNR) and ``beta^- >= 0.00274`` (written for the FPR's
+  upper bound) from TPR 4922 / 1e5 and FPR 174 / 1e5.  :func:`dpaudit.bounds.eps_lb_clopper_pearson`
+  splits ``alpha`` in the same way, so ``alpha = 1e-10`` here is seed 000's p.
+* GDP test (seed 000, [NHSB23]): a mu-GDP algorithm has ``mu >= Phi^-1(TPR) - Phi^-1(FPR)``;
+  the same two bounds give ``mu_LB`` (:func:`dpaudit.bounds.mu_lb_gdp`), reported with the
+  eps it implies at the claimed delta and with the mu a Gaussian mechanism claiming
+  (eps, delta) would have.  It assumes the mechanism's trade-off curve is Gaussian; the
+  verdict rests on the assumption-free Clopper-Pearson bound.
+
+The verdict "violates its claimed guarantee" is given when ``eps_LB`` exceeds the
+claimed eps: then, unless an event of probability at most ``alpha`` occurred, the
+implementation is not (eps, delta)-DP.
+
+Training functions follow the contract of :mod:`dpaudit.subjects`:
+``train(X, y, seeds, spec) -> predict``, ``predict(x) -> logits (len(seeds), m, C)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import optimize
+
+from . import bounds
+from .canaries import clipbkd_point
+
+#: Seed 000's confidence: each claim holds with probability at least 1 - 1e-10.
+ALPHA = 1e-10
+VIOLATES = "violates its claimed guarantee"
+NO_VIOLATION = "no violation detected"
+CANARIES = ("checkerboard", "clipbkd")
+#: Seed blocks: runs of block b get seeds ``seed * SEED_STRIDE + b * BLOCK + i``.
+BLOCKS = {("validation", False): 0, ("validation", True): 1,
+          ("evaluation", False): 2, ("evaluation", True): 3}
+BLOCK = 10**8
+SEED_STRIDE = len(BLOCKS) * BLOCK
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Canary:
+    """The inserted example: features ``x`` (d,), and its label (None: chosen on validation)."""
+
+    kind: str
+    x: torch.Tensor
+    label: int | None = None
+
+
+# ---- canaries -----------------------------------------------------------------------
+
+def checkerboard(X: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """The checkerboard image of seed 000: pixels alternate between the data's min and max.
+
+    ``shape`` is the image shape of a row of ``X`` (default: square if ``d`` is a square,
+    else a line).  Using the data's own range keeps the canary in the input domain
+    whatever the preprocessing.  The alternating part of the pattern is nearly orthogonal
+    to natural images, so a model can fit an arbitrary label on it at little cost on the
+    rest of the data (seed 000: "insert a unique image which the model is likely to
+    memorize"); its mean brightness is shared with the data, which resists.
+    """
+    d = X.shape[1]
+    if shape is None:
+        side = math.isqrt(d)
+        shape = (side, side) if side * side == d else (d,)
+    if math.prod(shape) != d:
+        raise ValueError(f"checkerboard shape {shape} does not have d={d} pixels")
+    grids = torch.meshgrid(*(torch.arange(s) for s in shape), indexing="ij")
+    pattern = (sum(grids) % 2).to(X.dtype).reshape(d)
+    lo, hi = X.min(), X.max()
+    return lo + (hi - lo) * pattern
+
+
+def make_canary(kind: str, X: torch.Tensor, y: torch.Tensor, label: int | None = None,
+                clipbkd_norm: float = 10.0) -> Canary:
+    """The canary ``kind`` ('checkerboard' or 'clipbkd') for data (X, y).
+
+    'clipbkd' is ClipBKD of Jagielski et al. 2020 (seed 003, Algorithm 4) from
+    :func:`dpaudit.canaries.clipbkd_point`: ``clipbkd_norm`` times the data's direction of
+    least variance, labelled with the class a logistic regression fitted on (X, y) finds
+    least likely.  For the checkerboard, ``label=None`` leaves the label to
+    :func:`least_likely_label` on the validation runs; a given ``label`` overrides both.
+    """
+    if kind == "checkerboard":
+        return Canary(kind, checkerboard(X).to(torch.float32), label)
+    if kind == "clipbkd":
+        x, y_p = clipbkd_point(X.numpy(), y.numpy(), clipbkd_norm)
+        x = torch.as_tensor(x, dtype=torch.float32)
+        return Canary(kind, x, y_p if label is None else label)
+    raise ValueError(f"canary={kind!r}: must be one of {list(CANARIES)}")
+
+
+def least_likely_label(log_probs: np.ndarray) -> int:
+    """The "incorrect label" of seed 000: the class the models trained *without* the
+    canary find least likely for it (lowest mean probability over runs)."""
+    return int(np.argmin(np.exp(log_probs).mean(axis=0)))
+
+
+# ---- training runs --------------------------------------------------------------------
+
+def run_seeds(seed: int, split: str, canary_in: bool, count: int) -> list[int]:
+    """Distinct seeds of the ``count`` runs of one (split, side) block under master ``seed``."""
+    if count > BLOCK:
+        raise ValueError(f"at most {BLOCK} runs per block")
+    base = seed * SEED_STRIDE + BLOCKS[(split, canary_in)] * BLOCK
+    return list(range(base, base + count))
+
+
+def canary_log_probs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
+                     seeds: Sequence[int], spec: dict, insert_label: int | None = None,
+                     batch_runs: int = 1000, progress: Progress | None = None) -> np.ndarray:
+    """Log-probabilities (runs, C) that models trained by ``train_fn`` give the canary input ``x``.
+
+    One run per seed, ``batch_runs`` seeds per call of ``train_fn``; with ``insert_label``
+    the canary (x, insert_label) is appended once to the training data.  NaN outputs (a
+    diverged run) become -inf log-probabilities, i.e. infinite loss: a fixed decision.
+    """
+    if insert_label is not None:
+        X = torch.cat([X, x[None].to(X.dtype)])
+        y = torch.cat([y, torch.tensor([insert_label], dtype=y.dtype)])
+    out = []
+    for start in range(0, len(seeds), batch_runs):
+        chunk = list(seeds[start:start + batch_runs])
+        predict = train_fn(X, y, chunk, spec)
+        with torch.no_grad():
+            logits = predict(x[None].to(X.dtype))
+        if logits.ndim != 3 or logits.shape[:2] != (len(chunk), 1):
+            raise ValueError(f"predict(x) returned shape {tuple(logits.shape)}; the contract is "
+                             f"(len(seeds)={len(chunk)}, len(x)=1, n_classes)")
+        lp = torch.log_softmax(logits[:, 0].to(torch.float64), dim=-1).cpu().numpy()
+        out.append(np.nan_to_num(lp, nan=-np.inf))
+        if progress:
+            progress(f"{start + len(chunk)}/{len(seeds)} runs")
+    return np.concatenate(out)
+
+
+# ---- statistics -----------------------------------------------------------------------
+
+def select_threshold(val_in: np.ndarray, val_out: np.ndarray, alpha: float = ALPHA,
+                     delta: float = 0.0) -> float:
+    """Loss threshold tau chosen on validation runs; the attack says "in" iff loss <= tau.
+
+    Over every distinct decision on the validation runs (tau at or just above each
+    validation loss, and -inf: never "in"),
+    maximizes the Clopper-Pearson eps_LB the validation counts would give at the same
+    ``alpha``; ties (e.g. all zero, as for a correct implementation) go to the largest
+    ``TPR - FPR``.  Only validation runs are used, so the evaluation counts stay valid.
+    """
+    val_in, val_out = np.sort(val_in), np.sort(val_out)
+    taus = np.concatenate([[-np.inf], np.unique(np.concatenate([val_in, val_out]))])
+    ct_pos = np.searchsorted(val_in, taus, side="right")
+    ct_neg = np.searchsorted(val_out, taus, side="right")
+    eps = bounds.eps_lb_clopper_pearson(ct_pos, len(val_in), ct_neg, len(val_out), alpha, delta)
+    youden = ct_pos / len(val_in) - ct_neg / len(val_out)
+    i = np.lexsort((youden, np.atleast_1d(eps)))[-1]
+    # Midway to the next validation loss: the same validation decisions, and a margin on
+    # both sides for the evaluation runs.
+    return float(taus[i] if i + 1 == len(taus) else (taus[i] + taus[i + 1]) / 2)
+
+
+def mu_claimed(eps: float, delta: float) -> float:
+    """mu of the Gaussian mechanism that is exactly (eps, delta)-DP: the root of
+    ``delta_from_mu(mu, eps) = delta`` ([DRS19] Corollary 2.13; increasing in mu)."""
+    f = lambda mu: bounds.delta_from_mu(mu, eps) - delta  # noqa: E731
+    hi = 1.0
+    while f(hi) < 0:
+        hi *= 2
+    return float(optimize.brentq(f, 1e-12, hi, xtol=1e-14, rtol=1e-12))
+
+
+def audit_counts(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, claimed_eps: float,
+                 delta: float, alpha: float = ALPHA) -> dict:
+    """eps_LB (Clopper-Pearson), mu_LB (GDP) and the verdict from evaluation counts."""
+    eps_lb = bounds.eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha, delta)
+    mu_lb = bounds.mu_lb_gdp(ct_pos, n_pos, ct_neg, n_neg, alpha)
+    return {"eps_lb": eps_lb, "mu_lb": mu_lb, "eps_lb_gdp": bounds.eps_from_mu(mu_lb, delta),
+            "mu_claimed": mu_claimed(claimed_eps, delta),
+            "verdict": VIOLATES if eps_lb > claimed_eps else NO_VIOLATION}
+
+
+def audit_losses(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: float,
+                 alpha: float = ALPHA) -> dict:
+    """Threshold on the validation losses, counts and bounds on the evaluation losses."""
+    tau = select_threshold(np.asarray(val_in), np.asarray(val_out), alpha, delta)
+    ct_pos = int(np.sum(np.asarray(eval_in) <= tau))
+    ct_neg = int(np.sum(np.asarray(eval_out) <= tau))
+    n_pos, n_neg = len(eval_in), len(eval_out)
+    return {"tpr": ct_pos / n_pos, "fpr": ct_neg / n_neg, "threshold": tau,
+            "ct_pos": ct_pos, "ct_neg": ct_neg,
+            **audit_counts(ct_pos, n_pos, ct_neg, n_neg, claimed_eps, delta, alpha)}
+
+
+def max_eps_lb(runs: int, delta: float, alpha: float = ALPHA) -> float:
+    """eps_LB of a perfect attack (TPR = 1, FPR = 0) on ``runs`` evaluation runs per side."""
+    return bounds.eps_lb_clopper_pearson(runs, runs, 0, runs, alpha, delta)
+
+
+def min_runs(claimed_eps: float, delta: float, alpha: float = ALPHA) -> int:
+    """Fewest evaluation runs per side at which a perfect attack's eps_LB exceeds ``claimed_eps``.
+
+    With all n positive and no negative runs "in", the one-sided bounds are
+    ``TPR_lo = (alpha/2)^(1/n)`` and ``FPR_hi = 1 - TPR_lo``, so the best possible
+    ``eps_LB = ln((TPR_lo - delta) / (1 - TPR_lo))`` grows with n; below the returned n no
+    attack can refute the claim at confidence ``1 - alpha`` (e.g. 40 for (0.21, 1e-5) at
+    alpha = 1e-10).
+    """
+    hi = 1
+    while max_eps_lb(hi, delta, alpha) <= claimed_eps:
+        hi *= 2
+    lo = hi // 2  # max_eps_lb(lo) <= claimed_eps (or lo = 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if max_eps_lb(mid, delta, alpha) > claimed_eps else (mid, hi)
+    return hi
+
+
+def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Canary,
+                         claimed_eps: float, delta: float, runs: int, val_runs: int,
+                         spec: dict, seed: int, alpha: float = ALPHA, batch_runs: int = 1000,
+                         progress: Progress | None = None) -> tuple[dict, pd.DataFrame]:
+    """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
+
+    ``val_runs`` runs per side choose the canary label (if not given: least likely under
+    the validation runs without it) and the threshold; ``runs`` further runs per side give
+    the counts.  Returns the audit row (claim, runs, TPR, FPR, threshold, eps_LB, mu_LB,
+    verdict, ...) and the per-run losses (split, canary_in, run, seed, loss).
+    """
+    if runs < 1 or val_runs < 1:
+        raise ValueError("runs and val_runs must be >= 1")
+    lp, label = {}, canary.label
+    for split, n in (("validation", val_runs), ("evaluation", runs)):
+        for canary_in in (False, True):
+            if canary_in and label is None:
+                label = least_likely_label(lp[("validation", False)])
+            tag = f"{split} runs {'with' if canary_in else 'without'} canary"
+            lp[(split, canary_in)] = canary_log_probs(
+                train_fn, X, y, canary.x, run_seeds(seed, split, canary_in, n), spec,
+                label if canary_in else None, batch_runs,
+                progress and (lambda msg, tag=tag: progress(f"{tag}: {msg}")))
+    loss = {key: -v[:, label] for key, v in lp.items()}
+    losses = pd.concat([pd.DataFrame({"split": split, "canary_in": canary_in,
+                                      "run": np.arange(len(v)),
+                                      "seed": run_seeds(seed, split, canary_in, len(v)),
+                                      "loss": v})
+                        for (split, canary_in), v in loss.items()], ignore_index=True)
+    row = {"claimed_eps": claimed_eps, "delta": delta, "runs": runs, "val_runs": val_runs,
+           "alpha": alpha, "canary": canary.kind, "canary_label": label, "seed": seed,
+           **audit_losses(loss[("validation", True)], loss[("validation", False)],
+                          loss[("evaluation", True)], loss[("evaluation", False)],
+                          claimed_eps, delta, alpha)}
+    return row, losses
+
+
+__all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "CANARIES", "Canary", "checkerboard",
+           "make_canary", "least_likely_label", "run_seeds", "canary_log_probs",
+           "select_threshold", "mu_claimed", "audit_counts", "audit_losses", "max_eps_lb",
+           "min_runs", "audit_implementation"]

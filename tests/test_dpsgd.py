@@ -1,0 +1,285 @@
+"""Batched DP-SGD trainer (seed 003 Alg. 1) against torch.func / Opacus / plain SGD references."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch import nn
+
+from dpaudit import dpsgd as D
+
+F64 = torch.float64
+
+
+def _module(model: D.ModelSpec) -> nn.Sequential:
+    if model.arch == "lr":
+        return nn.Sequential(nn.Linear(model.in_dim, model.n_classes)).to(F64)
+    return nn.Sequential(nn.Linear(model.in_dim, model.hidden), nn.ReLU(),
+                         nn.Linear(model.hidden, model.n_classes)).to(F64)
+
+
+def _load(module: nn.Sequential, params: D.Params, k: int = 0) -> nn.Sequential:
+    """Copy model k of ``params`` into an nn.Sequential (nn.Linear stores W transposed)."""
+    linears = [m for m in module if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for lin, W, b in zip(linears, params.W, params.b):
+            lin.weight.copy_(W[k].T)
+            lin.bias.copy_(b[k])
+    return module
+
+
+def _as_params(module: nn.Sequential) -> D.Params:
+    linears = [m for m in module if isinstance(m, nn.Linear)]
+    return D.Params([l.weight.detach().T[None].clone() for l in linears],
+                    [l.bias.detach()[None].clone() for l in linears])
+
+
+def _problem(arch, n=40, d=7, seed=0, spread=3.0):
+    """Small float64 problem whose per-example gradient norms spread over ~2 decades."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=F64) * torch.exp(spread * torch.rand(n, 1, generator=g,
+                                                                               dtype=F64))
+    y = torch.randint(0, 3, (n,), generator=g)
+    model = D.ModelSpec(arch, d, hidden=5, n_classes=3)
+    init = D.init_params(model, 1, seed, scale=2.0, dtype=F64)
+    return X, y, model, init
+
+
+def _reference_step(module, X, y, clip, lr, B):
+    """One DP-SGD step without noise via torch.func: vmap(grad) per-example gradients of the
+    per-example cross-entropy, joint norm over all parameters, clip to C, sum, / B."""
+    params = {k: v.detach() for k, v in module.named_parameters()}
+
+    def loss(p, x, t):
+        out = torch.func.functional_call(module, p, (x[None],))
+        return nn.functional.cross_entropy(out, t[None], reduction="sum")
+
+    grads = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, X, y)
+    norms = torch.sqrt(sum(g.flatten(1).square().sum(1) for g in grads.values()))
+    factor = torch.clamp(clip / norms, max=1.0)
+    new = {k: params[k] - lr / B * torch.einsum("i,i...->...", factor, grads[k]) for k in params}
+    return new, norms
+
+
+def _flat(params: D.Params, k: int) -> torch.Tensor:
+    return torch.cat([t[k].reshape(-1) for pair in zip(params.W, params.b) for t in pair])
+
+
+@pytest.mark.parametrize("noise_std", [0.0, 0.7])
+@pytest.mark.parametrize("arch", ["lr", "fnn"])
+def test_one_step_update_matches_torch_func(arch, noise_std):
+    """theta - lr/B (sum_i clip_C(grad_i) + s z), grads by torch.func, z the model's noise draw."""
+    X, y, model, init = _problem(arch)
+    module = _load(_module(model), init)
+    clip, lr, n, seeds = 1.0, 0.3, len(X), [3, 4]
+    ref, norms = _reference_step(module, X, y, clip, lr, n)
+    assert (norms > 3 * clip).sum() >= 5 and (norms < clip).sum() >= 5  # both regimes occur
+    module.load_state_dict(ref)
+    ref_flat = _flat(_as_params(module), 0)
+    cfg = D.DPSGDConfig(epochs=1, batch_size=n, lr=lr, clip=clip, noise_multiplier=0.0,
+                        init="fixed")
+    got = D.train_with_noise_std(X, y, model, cfg, seeds, noise_std, init=init, device="cpu")
+    for k, seed in enumerate(seeds):
+        # The noise of step 1: first row of the model's noise-stream draw for the first
+        # chunk of steps (here the only step), laid out as W_0, b_0, W_1, b_1 (row-major).
+        z = torch.randn(min(cfg.chunk_steps(n), cfg.steps(n)), model.n_params, dtype=F64,
+                        generator=D._generator(seed, D._NOISE, "cpu"))[0]
+        torch.testing.assert_close(_flat(got, k), ref_flat - lr / n * noise_std * z,
+                                   rtol=1e-10, atol=1e-12)
+    if noise_std:
+        assert not torch.allclose(_flat(got, 0), _flat(got, 1))
+    # The per-example norms the trainer clips with are the torch.func ones.
+    torch.testing.assert_close(D.grad_norms(init, X, y, model)[0], norms, rtol=1e-10, atol=0)
+
+
+def test_noise_is_standard_normal_times_std():
+    """(noisy - noiseless) / (-lr s / B): N(0, 1) i.i.d. coordinates, the same at every s."""
+    g = torch.Generator().manual_seed(1)
+    n, d = 50, 784
+    X, y = torch.rand(n, d, generator=g, dtype=F64), torch.randint(0, 2, (n,), generator=g)
+    model = D.ModelSpec("fnn", d, hidden=32)
+    cfg = D.DPSGDConfig(epochs=1, batch_size=n, lr=0.2, clip=0.5, noise_multiplier=0.0)
+    seeds = [11, 12, 13, 14]
+    base = D.train_with_noise_std(X, y, model, cfg, seeds, 0.0, device="cpu")
+    z = {}
+    for s in (0.7, 1.4):
+        noisy = D.train_with_noise_std(X, y, model, cfg, seeds, s, device="cpu")
+        z[s] = torch.stack([(_flat(noisy, k) - _flat(base, k)) / (-cfg.lr / n * s)
+                            for k in range(len(seeds))])
+    torch.testing.assert_close(z[0.7], z[1.4], rtol=1e-6, atol=1e-6)
+    flat = z[0.7].reshape(-1).numpy()
+    # N = 100,744 values: mean within 5/sqrt(N), mean square within 5 sqrt(2/N) (~2% of s^2).
+    assert abs(flat.mean()) < 5 / math.sqrt(flat.size)
+    assert abs((flat ** 2).mean() - 1) < 5 * math.sqrt(2 / flat.size)
+    assert stats.kstest(flat, "norm").pvalue > 1e-3
+    c = np.corrcoef(z[0.7].numpy())  # each model its own noise
+    assert np.abs(c[np.triu_indices(len(seeds), 1)]).max() < 5 / math.sqrt(z[0.7].shape[1])
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook")  # X needs no grad
+def test_per_example_norms_match_opacus_grad_sample():
+    opacus = pytest.importorskip("opacus")
+    X, y, model, init = _problem("fnn", n=12, d=9)
+    gsm = opacus.GradSampleModule(_load(_module(model), init), loss_reduction="sum")
+    nn.functional.cross_entropy(gsm(X), y, reduction="sum").backward()
+    norms = torch.sqrt(sum(p.grad_sample.flatten(1).square().sum(1) for p in gsm.parameters()))
+    torch.testing.assert_close(D.grad_norms(init, X, y, model)[0], norms, rtol=1e-10, atol=0)
+
+
+def test_clipping_bounds_each_examples_contribution():
+    """One example per batch: the update is exactly lr*C when ||grad|| > C, smaller otherwise."""
+    model = D.ModelSpec("fnn", 5, hidden=4)
+    init = D.init_params(model, 1, 0, dtype=F64)
+    x = torch.tensor([[1e4, -2e4, 3e4, 1e4, 5e3], [1e-3, 0, 0, 0, 2e-3]], dtype=F64)
+    y = torch.tensor([1, 0])
+    norms = D.grad_norms(init, x, y, model)[0]
+    assert norms[0] > 1e3 and 0 < norms[1] < 0.9
+    for i, expect in [(0, 0.3 * 2.0), (1, 0.3 * norms[1])]:
+        cfg = D.DPSGDConfig(epochs=1, batch_size=1, lr=0.3, clip=2.0, noise_multiplier=0.0,
+                            init="fixed")
+        out = D.train(x[i:i + 1], y[i:i + 1], model, cfg, [0], init=init, device="cpu")
+        step = torch.linalg.norm(_flat(out, 0) - _flat(init, 0))
+        torch.testing.assert_close(step, torch.as_tensor(expect, dtype=F64), rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["lr", "fnn"])
+def test_no_noise_large_clip_is_plain_sgd(arch):
+    """sigma = 0, C = inf: full-batch DP-SGD = torch.optim.SGD on the mean cross-entropy."""
+    X, y, model, init = _problem(arch, n=30)
+    module = _load(_module(model), init)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    for _ in range(5):
+        opt.zero_grad()
+        nn.functional.cross_entropy(module(X), y).backward()
+        opt.step()
+    cfg = D.DPSGDConfig(epochs=5, batch_size=len(X), lr=0.1, clip=1e12, noise_multiplier=0.0,
+                        init="fixed")
+    got = D.train(X, y, model, cfg, [5], init=init, device="cpu")
+    torch.testing.assert_close(_flat(got, 0), _flat(_as_params(module), 0), rtol=1e-10,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("sampling", ["shuffle", "poisson"])
+def test_each_models_randomness_depends_only_on_its_seed(sampling):
+    g = torch.Generator().manual_seed(2)
+    X, y = torch.randn(90, 6, generator=g), torch.randint(0, 2, (90,), generator=g)
+    model = D.ModelSpec("fnn", 6, hidden=8)
+    cfg = D.DPSGDConfig(epochs=3, batch_size=20, lr=0.2, clip=1.0, noise_multiplier=1.3,
+                        sampling=sampling)
+    a = D.train(X, y, model, cfg, [7, 8, 9], device="cpu")
+    b = D.train(X, y, model, cfg, [7, 8, 9], device="cpu")
+    c = D.train(X, y, model, cfg, [9, 1, 7], device="cpu")
+    alone = D.train(X, y, model, cfg, [8], device="cpu")
+    for k in range(3):
+        assert torch.equal(_flat(a, k), _flat(b, k))
+    # Same draws whatever the other models; Poisson batches are padded to the largest batch
+    # of the step, which can change the float summation order (not the terms).
+    same = torch.equal if sampling == "shuffle" else (
+        lambda u, v: torch.allclose(u, v, rtol=1e-6, atol=1e-7))
+    assert same(_flat(c, 2), _flat(a, 0)) and same(_flat(c, 0), _flat(a, 2))
+    assert same(_flat(alone, 0), _flat(a, 1))
+    assert not torch.allclose(_flat(a, 0), _flat(a, 1))
+
+
+def test_poisson_batches_have_binomial_sizes_and_no_repeats():
+    n, B, K, S = 400, 40, 5, 200
+    cfg = D.DPSGDConfig(epochs=1, batch_size=B, lr=0.1, clip=1.0, noise_multiplier=1.0,
+                        sampling="poisson")
+    gens = [torch.Generator().manual_seed(s) for s in range(K)]
+    sizes = []
+    for idx, valid in D._sample_batches(cfg, n, S, gens, "cpu", torch.float32):
+        for k in range(K):
+            chosen = idx[k][valid[k] > 0]
+            assert len(set(chosen.tolist())) == len(chosen)
+            sizes.append(len(chosen))
+    sizes = np.array(sizes)
+    q = B / n
+    # mean of K*S Binomial(n, q) counts: 5-sigma band around n*q; variance n*q*(1-q).
+    assert abs(sizes.mean() - n * q) < 5 * math.sqrt(n * q * (1 - q) / sizes.size)
+    assert stats.chi2.sf((sizes.size - 1) * sizes.var(ddof=1) / (n * q * (1 - q)),
+                         sizes.size - 1) > 1e-4
+    assert cfg.steps(n) == round(1 / q)
+
+
+def test_shuffle_visits_every_example_once_per_epoch():
+    n, B = 103, 10
+    cfg = D.DPSGDConfig(epochs=1, batch_size=B, lr=0.1, clip=1.0, noise_multiplier=1.0)
+    batches = D._sample_batches(cfg, n, 2 * cfg.steps_per_epoch(n),
+                                [torch.Generator().manual_seed(s) for s in (0, 1)], "cpu",
+                                torch.float32)
+    assert [idx.shape[1] for idx, _ in batches] == ([10] * 10 + [3]) * 2
+    for k in range(2):
+        for epoch in (batches[:11], batches[11:]):
+            assert sorted(torch.cat([idx[k] for idx, _ in epoch]).tolist()) == list(range(n))
+    assert not torch.equal(batches[0][0][0], batches[11][0][0])
+
+
+@pytest.mark.parametrize("arch,sampling", [("lr", "shuffle"), ("fnn", "poisson")])
+def test_learns_separable_toy_problem(arch, sampling):
+    g = torch.Generator().manual_seed(4)
+    n, d = 600, 20
+    y = torch.randint(0, 2, (n,), generator=g)
+    # Class means +-4.5 / sqrt(d) * (1, ..., 1): 4.5 standard deviations from the boundary.
+    X = torch.randn(n, d, generator=g) + 4.5 * (2 * y[:, None] - 1) / math.sqrt(d)
+    model = D.ModelSpec(arch, d)
+    cfg = D.DPSGDConfig(epochs=5, batch_size=50, lr=0.5, clip=1.0, noise_multiplier=0.0,
+                        sampling=sampling)
+    params = D.train(X, y, model, cfg, [0, 1], device="cpu")
+    acc = (D.logits(params, X, model).argmax(-1) == y).double().mean(1)
+    assert (acc > 0.97).all(), acc
+
+
+def test_glorot_init_matches_keras_glorot_normal():
+    model = D.ModelSpec("fnn", 300, hidden=100, n_classes=2)
+    p = D.init_params(model, 2, [0, 1], scale=2.0, dtype=F64)
+    std = math.sqrt(2 / 400)  # variance 2 / (fan_in + fan_out)
+    w = p.W[0].reshape(-1).numpy() / 2.0
+    trunc = stats.truncnorm(-2, 2, scale=std / stats.truncnorm(-2, 2).std())
+    assert stats.kstest(w, trunc.cdf).pvalue > 1e-3
+    assert np.abs(w).max() <= trunc.ppf(1.0)
+    assert torch.count_nonzero(p.b[0]) == 0
+    one = D.init_params(model, 1, [1], scale=2.0, dtype=F64)
+    assert torch.equal(one.W[1][0], p.W[1][1])
+
+
+def test_glorot_init_is_the_trainers_init():
+    X, y = torch.randn(20, 4), torch.randint(0, 2, (20,))
+    model = D.ModelSpec("fnn", 4, hidden=3)
+    cfg = D.DPSGDConfig(epochs=1, batch_size=20, lr=1e-30, clip=1.0, noise_multiplier=0.0,
+                        init_scale=0.5)
+    got = D.train(X, y, model, cfg, [5, 6], device="cpu")
+    torch.testing.assert_close(_flat(got, 1), _flat(D.init_params(model, 1, [6], 0.5), 0))
+
+
+def test_fixed_init_is_shared_and_round_trips(tmp_path):
+    X, y, model, init = _problem("fnn", n=24)
+    D.save_params(tmp_path / "init.pt", init, model)
+    loaded, spec = D.load_params(tmp_path / "init.pt")
+    assert spec == model and all(torch.equal(a, b) for a, b in zip(loaded.W, init.W))
+    cfg = D.DPSGDConfig(epochs=2, batch_size=24, lr=0.1, clip=1.0, noise_multiplier=0.0,
+                        init="fixed")
+    out = D.train(X, y, model, cfg, [1, 2, 3], init=loaded, device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.W + loaded.b, init.W + init.b))
+    for k in (1, 2):  # same init, full batches, no noise: same model whatever the seed
+        torch.testing.assert_close(_flat(out, k), _flat(out, 0), rtol=1e-12, atol=1e-12)
+    assert out.select([2]).K == 1
+
+
+def test_losses_are_per_example_cross_entropy():
+    X, y, model, init = _problem("fnn", n=10)
+    module = _load(_module(model), init)
+    ref = nn.functional.cross_entropy(module(X), y, reduction="none").detach()
+    torch.testing.assert_close(D.losses(init, X, y, model)[0], ref)
+
+
+@pytest.mark.parametrize("field,value", [("sampling", "uniform"), ("init", "he"), ("clip", 0),
+                                         ("noise_multiplier", -1), ("epochs", 1.5)])
+def test_config_validation_names_the_field(field, value):
+    kw = dict(epochs=1, batch_size=10, lr=0.1, clip=1.0, noise_multiplier=1.0)
+    kw[field] = value
+    with pytest.raises(ValueError, match=field):
+        D.DPSGDConfig(**kw)
+    with pytest.raises(ValueError, match="arch"):
+        D.ModelSpec("cnn", 3)

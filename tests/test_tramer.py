@@ -1,0 +1,252 @@
+"""Canary audits of DP training implementations (Tramer et al. 2022, seed 000)."""
+
+import math
+import textwrap
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+from scipy import special, stats
+
+from dpaudit import subjects, tramer
+from dpaudit.cli import main
+from dpaudit.io import read_table
+
+EPS, DELTA, ALPHA = 0.21, 1e-5, 1e-10
+
+# A user's training function, imported by module path like `--train user_mech:train`: one
+# full-batch step of softmax regression from zero whose clipped-gradient sum (sensitivity C
+# under adding or removing one example) gets Gaussian noise of std sigma * C, with
+# sigma = spec["sigma"] -- exactly (eps, delta)-DP when sigma = 1 / mu_claimed(eps, delta)
+# (Dong, Roth, Su: the Gaussian mechanism is (1/sigma)-GDP).  "bug": divide the noise by n.
+USER_MODULE = textwrap.dedent('''
+    import torch
+
+    def train(X, y, seeds, spec):
+        n_classes, C = spec["n_classes"], spec["clip"]
+        Xt = torch.cat([X, torch.ones(len(X), 1)], 1).double()
+        onehot = torch.nn.functional.one_hot(y, n_classes).double()
+        g = Xt[:, :, None] * (1.0 / n_classes - onehot)[:, None, :]  # per-example grads at W = 0
+        norms = g.flatten(1).norm(dim=1).clamp(min=1e-12)
+        total = (g * (C / norms).clamp(max=1.0)[:, None, None]).sum(0)
+        std = spec["sigma"] * C / (len(X) if spec.get("bug") else 1)
+        W = torch.stack([-(total + std * torch.randn(total.shape, dtype=torch.float64,
+                                                       generator=torch.Generator().manual_seed(s)))
+                         for s in seeds])
+        return lambda x: torch.cat([x, torch.ones(len(x), 1)], 1).double() @ W
+
+    def not_a_function():
+        pass
+    not_callable = 3
+''')
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "user_mech.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "user_mech"
+
+
+def _image_like(n=400, informative=8, blank=248, seed=0):
+    """Two Gaussian classes in the first coordinates, constant-zero "border pixels" after."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    X = torch.randn(n, informative, generator=g) + 1.5 * (2 * y[:, None] - 1) / informative**0.5
+    return torch.cat([X, torch.zeros(n, blank)], 1), y
+
+
+# ---- the worked check of seed 000 -----------------------------------------------------
+
+def test_seed000_worked_check_inconsistent_with_claim():
+    """Claimed (0.21, 1e-5); TPR 4922/1e5 and FPR 174/1e5 (seed 000) at p = 1e-10."""
+    n = 100_000
+    # Seed 000's numbers: alpha^+ (FNR upper bound) <= 0.95509 and the FPR bound 0.00274, from
+    # one-sided Clopper-Pearson bounds at p/2 each -- scipy's two-sided exact interval at p.
+    tpr_lo = stats.binomtest(4922, n).proportion_ci(1 - ALPHA, "exact").low
+    fpr_hi = stats.binomtest(174, n).proportion_ci(1 - ALPHA, "exact").high
+    assert 0.9550 < 1 - tpr_lo <= 0.95509
+    assert round(fpr_hi, 5) == 0.00274
+    # Under the claim the FPR must be >= (1 - delta - FNR) / e^eps = 0.0398885... (seed 000)
+    # for the observed FNR, far above what the runs allow.
+    assert (1 - DELTA - 0.95078) / math.exp(EPS) == pytest.approx(0.03988885074, abs=1e-11)
+    assert (1 - DELTA - (1 - tpr_lo)) / math.exp(EPS) > 10 * fpr_hi
+    out = tramer.audit_counts(4922, n, 174, n, EPS, DELTA, ALPHA)
+    assert out["eps_lb"] == pytest.approx(math.log((tpr_lo - DELTA) / fpr_hi), rel=1e-9)
+    assert out["eps_lb"] > 10 * EPS
+    assert out["verdict"] == tramer.VIOLATES
+    # GDP test: mu_LB = Phi^-1(TPR_lo) - Phi^-1(FPR_hi), far above the claim's mu.
+    assert out["mu_lb"] == pytest.approx(special.ndtri(tpr_lo) - special.ndtri(fpr_hi), rel=1e-9)
+    assert out["mu_lb"] > 10 * out["mu_claimed"] and out["eps_lb_gdp"] > out["eps_lb"]
+
+
+def test_consistent_counts_give_no_violation():
+    out = tramer.audit_counts(5000, 100_000, 4990, 100_000, EPS, DELTA, ALPHA)
+    assert out["eps_lb"] == 0.0 and out["verdict"] == tramer.NO_VIOLATION
+
+
+def test_mu_claimed_matches_dp_accounting_gaussian():
+    """The Gaussian mechanism with sigma = 1 / mu_claimed is (0.21, 1e-5)-DP, tightly (PLD)."""
+    for eps, delta in [(EPS, DELTA), (1.0, 1e-6), (4.0, 1e-3)]:
+        sigma = 1 / tramer.mu_claimed(eps, delta)
+        acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-5)
+        acc.compose(dp_accounting.GaussianDpEvent(sigma))
+        assert acc.get_epsilon(delta) == pytest.approx(eps, rel=2e-3)
+
+
+def test_min_runs_closed_form():
+    """A perfect attack on n runs: TPR_lo = (alpha/2)^(1/n), FPR_hi = 1 - TPR_lo."""
+    def perfect(n, delta):
+        p = (ALPHA / 2) ** (1 / n)
+        return math.log((p - delta) / (1 - p))
+
+    n = tramer.min_runs(EPS, DELTA, ALPHA)
+    assert n == 40 and perfect(40, DELTA) > EPS >= perfect(39, DELTA)
+    for eps in (0.05, 0.21, 1.0, 3.0):  # delta = 0: p > e^eps / (1 + e^eps)
+        expect = math.floor(math.log(ALPHA / 2) / math.log(special.expit(eps))) + 1
+        assert tramer.min_runs(eps, 0.0, ALPHA) == expect
+
+
+# ---- threshold and canaries --------------------------------------------------------------
+
+def test_select_threshold_separates_and_breaks_ties():
+    tau = tramer.select_threshold(np.array([0.1, 0.2, 0.3]), np.array([1.0, 2.0, 3.0]), 0.5)
+    assert tau == pytest.approx(0.65)  # midway between the last "in" and the first "out"
+    # Few runs: every bound is 0 at alpha = 1e-10; the tie goes to the largest TPR - FPR.
+    tau = tramer.select_threshold(np.array([0.1, 0.2, 5.0]), np.array([0.15, 3.0, 4.0]))
+    assert tau == pytest.approx(1.6)  # TPR 2/3, FPR 1/3 (as at 0.1; the larger tau wins)
+
+
+def test_audit_losses_counts_at_or_below_threshold():
+    row = tramer.audit_losses([0.1, 0.2], [1.0, 2.0], [0.0, 0.5, 0.6, 2.0], [0.3, 5.0, 6.0, 7.0],
+                              EPS, DELTA, alpha=0.5)
+    assert row["threshold"] == pytest.approx(0.6)
+    assert (row["ct_pos"], row["ct_neg"]) == (3, 1)
+    assert (row["tpr"], row["fpr"]) == (0.75, 0.25)
+
+
+def test_checkerboard_alternates_between_data_extremes():
+    X = torch.rand(10, 784) * 0.8 + 0.1
+    img = tramer.checkerboard(X).reshape(28, 28)
+    lo, hi = X.min(), X.max()
+    i, j = np.indices((28, 28))
+    np.testing.assert_allclose(img.numpy(), np.where((i + j) % 2, hi, lo), rtol=1e-6)
+    assert tramer.checkerboard(torch.rand(3, 5)).shape == (5,)
+
+
+def test_predict_with_wrong_shape_is_a_contract_error():
+    X, y = _image_like(20, 2, 2)
+    with pytest.raises(ValueError, match="contract"):
+        tramer.canary_log_probs(lambda X, y, s, spec: (lambda x: torch.zeros(len(x), 2)),
+                                X, y, X[0], [1, 2], {})
+
+
+# ---- audits of implementations --------------------------------------------------------------
+
+def test_buggy_violates_its_claim_and_fixed_does_not():
+    """The registry subjects at the same claim (0.21, 1e-5) on small image-like data.
+
+    Full batches (q = 1) and a small clip with a large lr (every gradient clipped: each
+    example moves the weights by lr * C / B per step) make the bug glaring: the buggy noise
+    std sigma * C / B is 1/400 of the correct one.
+    """
+    X, y = _image_like()
+    spec = {"epochs": 10, "batch_size": 400, "lr": 4000.0, "clip": 0.01, "eps": EPS,
+            "delta": DELTA, "n": len(X)}
+    canary = tramer.make_canary("checkerboard", X, y)
+    rows = {}
+    for name in ("buggy", "fixed"):
+        rows[name], losses = tramer.audit_implementation(
+            subjects.SUBJECTS[name], X, y, canary, EPS, DELTA, runs=100, val_runs=50,
+            spec=spec, seed=3)
+        assert len(losses) == 300 and losses.seed.is_unique
+    assert rows["buggy"]["verdict"] == tramer.VIOLATES
+    assert rows["buggy"]["eps_lb"] > 4 * EPS and rows["buggy"]["tpr"] > 0.9
+    assert rows["fixed"]["verdict"] == tramer.NO_VIOLATION and rows["fixed"]["eps_lb"] == 0.0
+
+
+def test_user_function_by_module_path(user_module):
+    """The exact Gaussian mechanism: flagged only with the 1/n bug; ClipBKD canary."""
+    X, y = _image_like(100, 4, 4, seed=1)
+    sigma = 1 / tramer.mu_claimed(EPS, DELTA)
+    canary = tramer.make_canary("clipbkd", X, y)
+    assert canary.label in (0, 1) and float(canary.x.norm()) == pytest.approx(10.0)
+    verdicts = {}
+    for bug in (True, False):
+        fn = subjects.load_train_fn(f"{user_module}:train")
+        row, _ = tramer.audit_implementation(
+            fn, X, y, canary, EPS, DELTA, runs=200, val_runs=100,
+            spec={"n_classes": 2, "clip": 1.0, "sigma": sigma, "bug": bug}, seed=0)
+        verdicts[bug] = row["verdict"]
+    assert verdicts == {True: tramer.VIOLATES, False: tramer.NO_VIOLATION}
+
+
+# ---- the CLI -------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fail the test if the CLI gets as far as loading data or training."""
+    def boom(*a, **k):
+        raise AssertionError("reached data loading / training")
+    monkeypatch.setattr("dpaudit.data.load_fmnist", boom)
+    monkeypatch.setattr(tramer, "audit_implementation", boom)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--train", "no_such_module_xyz:train"], "cannot import module 'no_such_module_xyz'"),
+    (["--train", "user_mech:missing"], "has no callable 'missing'"),
+    (["--train", "user_mech:not_callable"], "has no callable 'not_callable'"),
+    (["--train", "nonsense"], "must be 'module.path:function'"),
+    (["--eps", "abc"], "--eps (claimed epsilon)='abc': must be a number > 0"),
+    (["--eps", "nan"], "must be a number > 0"),
+    (["--delta", "1.5"], "must be a number > 0 and < 1"),
+    (["--runs", "39"], "need --runs >= 40"),
+    (["--spec", '{"epochs": 1, "batch_size": 10, "lr": 1, "clip": 1, "eps": 3}'],
+     "are set by the audit"),
+    (["--spec", '{"epochs": 1, "lr": 1, "clip": 1}'], "missing keys ['batch_size']"),
+])
+def test_cli_rejects_bad_input_before_training(args, message, user_module, no_training,
+                                               tmp_path, capsys):
+    base = {"--train": "buggy", "--eps": "0.21", "--delta": "1e-5", "--runs": "100",
+            "--spec": '{"epochs": 1, "batch_size": 10, "lr": 1, "clip": 1}'}
+    base.update(dict(zip(args[::2], args[1::2])))
+    argv = ["audit-impl", "--seed", "0", "--out", str(tmp_path / "a.csv")]
+    for key, value in base.items():
+        argv += [key, value]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "config error" in err and message in err
+    assert not (tmp_path / "a.csv").exists()
+
+
+def test_cli_too_few_runs_message_names_the_best_possible_bound(no_training, tmp_path, capsys):
+    assert main(["audit-impl", "--train", "fixed", "--eps", "0.21", "--delta", "1e-5",
+                 "--runs", "20", "--seed", "0", "--out", str(tmp_path / "a.csv")]) == 2
+    best = tramer.max_eps_lb(20, DELTA, ALPHA)
+    assert f"certifies at most eps_LB={best:.3g}" in capsys.readouterr().err and best < EPS
+
+
+def test_cli_audit_and_plot_end_to_end(user_module, monkeypatch, tmp_path):
+    X, y = _image_like(100, 4, 12, seed=2)
+    monkeypatch.setattr("dpaudit.data.load_fmnist",
+                        lambda root, classes: (X.numpy(), y.numpy()))
+    sigma = 1 / tramer.mu_claimed(EPS, DELTA)
+    out = tmp_path / "res" / "audit.csv"
+    spec = f'{{"n_classes": 2, "clip": 1.0, "sigma": {sigma}, "bug": true}}'
+    assert main(["audit-impl", "--train", f"{user_module}:train", "--eps", "0.21",
+                 "--delta", "1e-5", "--runs", "60", "--val-runs", "30", "--n-train", "100",
+                 "--canary", "clipbkd", "--seed", "7", "--out", str(out), "--spec", spec]) == 0
+    table, meta = read_table(out)
+    assert list(table.columns[:10]) == ["implementation", "claimed_eps", "delta", "runs", "tpr",
+                                        "fpr", "threshold", "eps_lb", "mu_lb", "verdict"]
+    assert table.seed.tolist() == [7] and meta["seed"] == 7 and table.runs.tolist() == [60]
+    assert table.verdict.tolist() == [tramer.VIOLATES]
+    losses, _ = read_table(tmp_path / "res" / "audit_losses.csv")
+    assert len(losses) == 2 * (60 + 30) and losses.seed.is_unique
+    assert set(losses.seed[losses.split == "evaluation"]) == set(
+        tramer.run_seeds(7, "evaluation", True, 60) + tramer.run_seeds(7, "evaluation", False, 60))
+    fig = tmp_path / "fig.pdf"
+    assert main(["tramer-plot", "--table", str(out), "--losses",
+                 str(tmp_path / "res" / "audit_losses.csv"), "--out", str(fig)]) == 0
+    assert fig.stat().st_size > 0 and fig.with_suffix(".png").stat().st_size > 0
