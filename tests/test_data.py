@@ -1,17 +1,18 @@
 """Data loading: tiny files in the real formats (IDX gz, CIFAR pickles, ImageFolder), real FMNIST."""
 
-import gzip
 import hashlib
 import pickle
-import struct
 import tarfile
 
 import numpy as np
 import pytest
 import torchvision
-from PIL import Image
 
 from dpaudit import data
+from fakedata import fake_fmnist as _fake_fmnist
+from fakedata import idx_bytes as _idx_bytes
+from fakedata import write_idx_gz as _write_debian
+from fakedata import write_tree as _write_tree
 
 FMNIST_MD5 = {  # decompressed Debian/Zalando files (shared/data/README.md)
     "train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
@@ -19,26 +20,6 @@ FMNIST_MD5 = {  # decompressed Debian/Zalando files (shared/data/README.md)
     "t10k-images-idx3-ubyte": "8181f5470baa50b63fa0f6fddb340f0a",
     "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965",
 }
-
-
-def _idx_bytes(arr: np.ndarray) -> bytes:
-    """IDX file: magic 0x0000080N (uint8, N dims), big-endian dims, then the bytes."""
-    return struct.pack(">I", 0x800 + arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.tobytes()
-
-
-def _fake_fmnist(rng, n_train=60, n_test=20):
-    out = {}
-    for split, n in (("train", n_train), ("t10k", n_test)):
-        out[f"{split}-images-idx3-ubyte"] = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        out[f"{split}-labels-idx1-ubyte"] = rng.integers(0, 10, size=n).astype(np.uint8)
-    return out
-
-
-def _write_debian(folder, arrays):
-    folder.mkdir(parents=True)
-    for name, arr in arrays.items():
-        with gzip.open(folder / f"{name}.gz", "wb") as fh:
-            fh.write(_idx_bytes(arr))
 
 
 def _reference_subset(images, labels):
@@ -127,19 +108,6 @@ def test_cifar10_from_pickle_batches(tmp_path, monkeypatch):
     keep = np.isin(raw["test_batch"]["labels"], (3, 5))
     np.testing.assert_array_equal(t.images, raw["test_batch"]["data"][keep].reshape(-1, 3, 32, 32))
     np.testing.assert_array_equal(t.labels, np.where(np.array(raw["test_batch"]["labels"])[keep] == 3, 0, 1))
-
-
-def _write_tree(root, rng, classes=("airplane", "cat", "truck"), per_class=3):
-    """ImageFolder tree of lossless PNGs; returns {(split, class): images}."""
-    out = {}
-    for split in ("train", "test"):
-        for name in classes:
-            imgs = rng.integers(0, 256, size=(per_class, 3, 32, 32), dtype=np.uint8)
-            (root / split / name).mkdir(parents=True)
-            for i, img in enumerate(imgs):
-                Image.fromarray(img.transpose(1, 2, 0)).save(root / split / name / f"{i:04d}.png")
-            out[split, name] = imgs
-    return out
 
 
 def test_cifar10_imagefolder_tree_and_tarball(tmp_path):

@@ -99,3 +99,77 @@ def test_single_figure_target_end_to_end(tmp_path):
     rerun = snakemake("figures/ridge_audit.pdf", "-n", "--cores", "1", "--directory",
                       str(tmp_path), "--configfile", str(write_config(tmp_path, cfg)))
     assert "Nothing to be done" in rerun.stdout + rerun.stderr
+
+
+def test_slurm_profile_resources_name_real_rules_and_gpu_rules_ask_for_gpus():
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    rules = snakemake("--list-rules").stdout.split()
+    assert set(profile["set-resources"]) <= set(rules)
+    for rule in ("jagielski_train", "jagielski_task", "tramer_audit"):
+        assert profile["set-resources"][rule]["gpu"] == 1
+    default = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
+    assert "gpu" not in str(default)
+
+
+def _fake_image_data(root: Path):
+    """Tiny Fashion-MNIST (IDX files, torchvision's raw layout) and CIFAR-10 (ImageFolder
+    PNG tree with all ten classes) in the real formats."""
+    import numpy as np
+
+    from fakedata import fake_fmnist, idx_bytes, write_tree
+
+    rng = np.random.default_rng(0)
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    arrays = fake_fmnist(rng, n_train=120, n_test=40)
+    arrays["train-labels-idx1-ubyte"] = (np.arange(120) % 3).astype(np.uint8)  # 80 of 0/1
+    for name, arr in arrays.items():
+        (raw / name).write_bytes(idx_bytes(arr))
+    from dpaudit.data import CIFAR10_CLASSES
+
+    write_tree(root, rng, classes=CIFAR10_CLASSES, per_class=18)
+
+
+@pytest.mark.slow
+def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
+    """Figure 2 and Table 2 from tiny real-format data; growing the grid trains only the
+    new cells and a deleted cell is the only one retrained."""
+    _fake_image_data(tmp_path / "data")
+    cfg = load("quick.yaml")
+    cfg["seed"] = 3
+    cfg["data"].update(root=str(tmp_path / "data"), download=False)
+    jag = cfg["jagielski"]
+    jag.update(trials=8, ks=[1, 2])
+    jag["datasets"]["fmnist"].update(epochs=2, batch_size=10)
+    jag["datasets"]["cifar"].update(epochs=2, batch_size=8, pretrain_epochs=1,
+                                    pretrain_images=0)
+    jag["fig2"].update(archs=["lr"], eps=["4"])
+    jag["table2"].update(clips=[1.0], inits=["fixed", 1.0], eps=["4"])
+    targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
+    config_file = write_config(tmp_path, cfg)
+    out = snakemake(*targets, "--cores", "2", "--directory", str(tmp_path), "--configfile",
+                    str(config_file))
+    assert out.returncode == 0, out.stderr
+    for name in ("jagielski_fig2", "jagielski_table2"):
+        for ext in ("pdf", "png"):
+            assert (tmp_path / f"figures/{name}.{ext}").stat().st_size > 0
+    fig2, meta = read_table(tmp_path / "results/jagielski_fig2.csv")
+    assert meta["seed"] == 3 and meta["spec"]["alpha"] == 0.01
+    assert len(fig2) == 2 * 3  # data sets x attacks
+    assert set(fig2.attack) == {"mi", "backdoor", "clipbkd"}
+    assert fig2.eps_th.gt(0).all() and (fig2.eps_lb >= 0).all() and (fig2.trials == 8).all()
+    cifar = fig2[fig2.dataset == "cifar"]
+    assert cifar.pretrained_on.str.startswith("cifar10-other-classes").all()
+    md = (tmp_path / "results/jagielski_table2.md").read_text()
+    assert "(1.55)" in md and "(0.75)" in md  # the noise and the paper's value, fixed init
+    scores, prov = read_table(tmp_path / "results/jagielski/scores/fmnist_fnn_c1_fixed_e4_clipbkd.csv")
+    assert prov["seed"] == 3 and prov["cell"]["noise"] == 1.55
+    assert len(scores) == 8 * 3 and scores.seed.nunique() == 24
+
+    jag["table2"]["clips"] = [1.0, 2.0]
+    dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(tmp_path),
+                    "--configfile", str(write_config(tmp_path, cfg)))
+    assert dry.returncode == 0, dry.stderr
+    assert "fmnist_fnn_c2_fixed_e4_clipbkd" in dry.stdout
+    assert "fmnist_fnn_c1_fixed_e4_clipbkd" not in dry.stdout
+    assert "fmnist_lr_c1_g1_e4_mi" not in dry.stdout

@@ -101,14 +101,18 @@ def _eps_from_rates(p1, p0, delta: float, k: int):
     if delta == 0.0 or k == 1:
         with np.errstate(divide="ignore", invalid="ignore"):
             out[can] = np.log((p1[can] - delta) / p0[can]) / k
-    else:
-        for idx in np.ndindex(p1.shape):
-            if not can[idx]:
-                continue
-            a, b = p1[idx], p0[idx]
-            f = lambda e: b * np.exp(k * e) + _group_delta(np.asarray(e), k, delta) - a  # noqa: E731
-            hi = np.log(a / b) / k  # f(hi) >= 0 since delta_k >= 0
-            out[idx] = optimize.brentq(f, 0.0, hi, xtol=1e-12) if f(hi) > 0 else hi
+    elif can.any():
+        # Bisection on all entries at once: f(e) = p0 e^{k e} + delta_k(e) - p1 increases in
+        # e, f(0) = p0 + k delta - p1 < 0 and f(hi) >= 0 at hi = ln(p1/p0)/k (delta_k >= 0).
+        a, b = p1[can], p0[can]
+        lo, hi = np.zeros_like(a), np.log(a / b) / k
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            above = b * np.exp(k * mid) + _group_delta(mid, k, delta) > a
+            lo, hi = np.where(above, lo, mid), np.where(above, mid, hi)
+            if np.all(hi - lo <= 1e-12 * np.maximum(hi, 1.0)):
+                break
+        out[can] = lo  # the lower end: never above the root
     return np.maximum(out, 0.0)
 
 

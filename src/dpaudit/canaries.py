@@ -178,7 +178,8 @@ def apply_patch(x: np.ndarray, size: int = 5, value: float = 1.0,
 
 def backdoor_pool(X: np.ndarray, y: np.ndarray, n_pool: int = 16, source: int = 0,
                   target: int = 1, rng: int | np.random.RandomState = 0,
-                  image_shape: Sequence[int] | None = None, size: int = 5) -> Dataset:
+                  image_shape: Sequence[int] | None = None, size: int = 5,
+                  value: float = 1.0) -> Dataset:
     """The backdoor poison candidates (seed 003 Algorithm 3; ``make_old.py``): ``n_pool``
     training points of class ``source`` drawn without replacement by ``rng.choice``,
     patched by :func:`apply_patch`, labelled ``target``.  The reference uses source 0,
@@ -187,7 +188,7 @@ def backdoor_pool(X: np.ndarray, y: np.ndarray, n_pool: int = 16, source: int = 
     :func:`dpaudit.data.subset_indices` to reproduce its points exactly."""
     cand = np.flatnonzero(np.asarray(y) == source)
     pick = cand[_rng(rng).choice(len(cand), n_pool, replace=False)]
-    return (apply_patch(X[pick], size=size, image_shape=image_shape),
+    return (apply_patch(X[pick], size=size, value=value, image_shape=image_shape),
             np.full(n_pool, target, dtype=np.asarray(y).dtype))
 
 
@@ -201,11 +202,12 @@ def backdoor_datasets(X: np.ndarray, y: np.ndarray, pool_x: np.ndarray, pool_y: 
 
 
 def backdoor_test_set(X_test: np.ndarray, y_test: np.ndarray, source: int = 0, target: int = 1,
-                      image_shape: Sequence[int] | None = None, size: int = 5) -> Dataset:
+                      image_shape: Sequence[int] | None = None, size: int = 5,
+                      value: float = 1.0) -> Dataset:
     """Every test point of class ``source``, patched, labelled ``target`` (``bkd_tst`` of
     ``make_old.py``): the points BACKDOORTEST sums the loss over."""
     idx = np.flatnonzero(np.asarray(y_test) == source)
-    return (apply_patch(X_test[idx], size=size, image_shape=image_shape),
+    return (apply_patch(X_test[idx], size=size, value=value, image_shape=image_shape),
             np.full(len(idx), target, dtype=np.asarray(y_test).dtype))
 
 

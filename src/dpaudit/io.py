@@ -21,6 +21,8 @@ import pandas as pd
 from . import __version__
 
 _PREFIX = "# dpaudit-provenance: "
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 @contextmanager
@@ -30,6 +32,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are shared like any file
     try:
         yield Path(tmp)
         os.replace(tmp, path)

@@ -8,9 +8,21 @@ FIGURES = []
 ENV = "../../environment.yml"
 
 
+def quoted_json(value):
+    """`value` as a shell-quoted JSON string."""
+    return shlex.quote(json.dumps(value, sort_keys=True))
+
+
 def spec(*keys, **extra):
     """The config section at `keys` (plus `extra`) as a shell-quoted JSON string."""
     section = config
     for key in keys:
         section = section[key]
-    return shlex.quote(json.dumps({**section, **extra}, sort_keys=True))
+    return quoted_json({**section, **extra})
+
+
+# `dpaudit audit-impl` options for the data section (Fashion-MNIST).
+DATA_ARGS = " ".join(
+    ([f"--data-root {shlex.quote(config['data']['root'])}"] if config["data"]["root"] else [])
+    + (["--download"] if config["data"]["download"] else [])
+)

@@ -1,1 +1,216 @@
-# jagielski rules (placeholder)
+# Jagielski et al. 2020 (seed 003): DP-SGD audits on FMNIST and CIFAR-10.  One job per
+# cell (data set, model, clip, init, eps, attack) trains all its models in batches and
+# writes their scores; a grid resumes cell by cell.  Figure 2 and Table 2 share cells.
+# Each job gets only the config values its output depends on, so growing a grid (more
+# clips, inits, eps) reruns no finished cell.
+from dpaudit.cli.jagielski import init_label
+
+JAG = config["jagielski"]
+FIGURES += ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
+
+
+def _check_eps_labels(where, dataset, labels):
+    noise = JAG["datasets"][dataset]["noise"]
+    for label in labels:
+        if label not in noise:
+            raise ValueError(
+                f"config jagielski.{where}.eps: {label!r} is not a key of "
+                f"jagielski.datasets.{dataset}.noise (allowed: {sorted(noise)})"
+            )
+
+
+for _ds in JAG["fig2"]["datasets"]:
+    _check_eps_labels("fig2", _ds, JAG["fig2"]["eps"])
+_check_eps_labels("table2", JAG["table2"]["dataset"], JAG["table2"]["eps"])
+
+
+def jag_cell(dataset, arch, clip, init, eps, attack):
+    return (
+        f"results/jagielski/scores/{dataset}_{arch}_c{float(clip):g}_{init_label(init)}"
+        f"_e{eps}_{attack}.csv"
+    )
+
+
+FIG2_CELLS = [
+    jag_cell(d, a, JAG["fig2"]["clip"], JAG["fig2"]["init"], e, att)
+    for d in JAG["fig2"]["datasets"]
+    for a in JAG["fig2"]["archs"]
+    for e in JAG["fig2"]["eps"]
+    for att in JAG["fig2"]["attacks"]
+]
+T2 = JAG["table2"]
+TABLE2_CELLS = [
+    jag_cell(T2["dataset"], T2["arch"], c, i, e, "clipbkd")
+    for c in T2["clips"]
+    for i in T2["inits"]
+    for e in T2["eps"]
+]
+
+
+rule jagielski_task:
+    output:
+        "results/jagielski/task_{dataset}.npz",
+    wildcard_constraints:
+        dataset="fmnist|cifar",
+    params:
+        spec=lambda wc: quoted_json(
+            {k: v for k, v in JAG["datasets"][wc.dataset].items() if k in TASK_KEYS}
+        ),
+        data=spec("data"),
+        seed=config["seed"],
+        device=JAG["device"],
+    threads: 2
+    log:
+        "logs/jagielski_task_{dataset}.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit jagielski-task --dataset {wildcards.dataset} --spec {params.spec}"
+        " --data {params.data} --device {params.device} --seed {params.seed}"
+        " --out {output} 2> {log}"
+
+
+rule jagielski_init:
+    input:
+        "results/jagielski/task_{dataset}.npz",
+    output:
+        "results/jagielski/init_{dataset}_{arch}.pt",
+    wildcard_constraints:
+        dataset="fmnist|cifar",
+        arch="lr|fnn",
+    params:
+        hidden=lambda wc: JAG["datasets"][wc.dataset]["hidden"],
+        seed=config["seed"],
+    log:
+        "logs/jagielski_init_{dataset}_{arch}.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit jagielski-init --dataset {wildcards.dataset} --arch {wildcards.arch}"
+        " --task {input} --hidden {params.hidden} --seed {params.seed} --out {output}"
+        " 2> {log}"
+
+
+TASK_KEYS = ("clipbkd_norm", "pretrain_epochs", "pretrain_images")
+
+
+def _train_spec(wc):
+    ds = JAG["datasets"][wc.dataset]
+    if wc.eps not in ds["noise"]:
+        raise ValueError(
+            f"eps label {wc.eps!r} is not a key of jagielski.datasets.{wc.dataset}.noise"
+            f" (allowed: {sorted(ds['noise'])})"
+        )
+    keys = ("trials", "ks", "sampling", "clipbkd_d0")
+    return quoted_json(
+        {
+            **{k: JAG[k] for k in keys},
+            **{k: ds[k] for k in ("epochs", "batch_size", "lr", "hidden")},
+            "noise": ds["noise"][wc.eps],
+        }
+    )
+
+
+def _train_inputs(wc):
+    inputs = {"task": f"results/jagielski/task_{wc.dataset}.npz"}
+    if wc.init == "fixed":
+        inputs["init"] = f"results/jagielski/init_{wc.dataset}_{wc.arch}.pt"
+    return inputs
+
+
+rule jagielski_train:
+    input:
+        unpack(_train_inputs),
+    output:
+        "results/jagielski/scores/{dataset}_{arch}_c{clip}_{init}_e{eps}_{attack}.csv",
+    wildcard_constraints:
+        dataset="fmnist|cifar",
+        arch="lr|fnn",
+        clip="[0-9.e+-]+",
+        init="fixed|g[0-9.e+-]+",
+        eps="[^_/]+",
+        attack="mi|backdoor|clipbkd",
+    params:
+        spec=_train_spec,
+        seed=config["seed"],
+        device=JAG["device"],
+        models_per_call=JAG["models_per_call"],
+        init_file=lambda wc, input: f"--init-file {input.init}" if wc.init == "fixed" else "",
+    threads: 2
+    log:
+        "logs/jagielski_train/{dataset}_{arch}_c{clip}_{init}_e{eps}_{attack}.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit jagielski-train --task {input.task} --dataset {wildcards.dataset}"
+        " --arch {wildcards.arch} --attack {wildcards.attack} --clip {wildcards.clip}"
+        " --init {wildcards.init} --eps {wildcards.eps} {params.init_file}"
+        " --device {params.device} --models-per-call {params.models_per_call}"
+        " --spec {params.spec} --seed {params.seed} --out {output} 2> {log}"
+
+
+AUDIT_SPEC = quoted_json({k: JAG[k] for k in ("alpha", "delta", "select_frac")})
+
+
+rule jagielski_fig2_table:
+    input:
+        FIG2_CELLS,
+    output:
+        "results/jagielski_fig2.csv",
+    params:
+        spec=AUDIT_SPEC,
+        seed=config["seed"],
+    log:
+        "logs/jagielski_fig2_table.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit jagielski-audit --experiment fig2 --scores {input} --spec {params.spec}"
+        " --seed {params.seed} --out {output} 2> {log}"
+
+
+rule jagielski_table2_table:
+    input:
+        TABLE2_CELLS,
+    output:
+        csv="results/jagielski_table2.csv",
+        md="results/jagielski_table2.md",
+    params:
+        spec=AUDIT_SPEC,
+        seed=config["seed"],
+    log:
+        "logs/jagielski_table2_table.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit jagielski-audit --experiment table2 --scores {input} --spec {params.spec}"
+        " --seed {params.seed} --out {output.csv} --md {output.md} 2> {log}"
+
+
+rule jagielski_plot:
+    input:
+        "results/jagielski_{experiment}.csv",
+    output:
+        pdf="figures/jagielski_{experiment}.pdf",
+        png="figures/jagielski_{experiment}.png",
+    wildcard_constraints:
+        experiment="fig2|table2",
+    log:
+        "logs/jagielski_plot_{experiment}.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit jagielski-plot --experiment {wildcards.experiment} --table {input}"
+        " --out {output.pdf} 2> {log}"
+
+
+# Named targets: `snakemake jagielski_fig2` / `jagielski_table2`.
+rule jagielski_fig2:
+    input:
+        "figures/jagielski_fig2.pdf",
+
+
+rule jagielski_table2:
+    input:
+        "figures/jagielski_table2.pdf",
+        "results/jagielski_table2.md",

@@ -20,6 +20,7 @@ rule tramer_audit:
         classes=",".join(str(c) for c in config["tramer"]["classes"]),
         n_train=config["tramer"]["n_train"],
         spec=spec("tramer", "model"),
+        data=DATA_ARGS,
         seed=config["seed"],
     log:
         "logs/tramer_audit.log",
@@ -30,7 +31,7 @@ rule tramer_audit:
         "--alpha {params.alpha} --canary {params.canary} --runs {params.runs} "
         "--val-runs {params.val_runs} --batch-runs {params.batch_runs} "
         "--classes {params.classes} --n-train {params.n_train} --spec {params.spec} "
-        "--seed {params.seed} --out {output.table} --losses {output.losses} 2> {log}"
+        "{params.data} --seed {params.seed} --out {output.table} --losses {output.losses} 2> {log}"
 
 
 rule tramer_plot:
@@ -65,6 +66,7 @@ rule audit_user_run:
         classes=",".join(str(c) for c in config["tramer"]["classes"]),
         n_train=config["tramer"]["n_train"],
         spec=shlex.quote(config["tramer"]["user"]["spec"]),
+        data=DATA_ARGS,
         seed=config["seed"],
     log:
         "logs/audit_user_run.log",
@@ -75,7 +77,7 @@ rule audit_user_run:
         "--alpha {params.alpha} --canary {params.canary} --runs {params.runs} "
         "--val-runs {params.val_runs} --batch-runs {params.batch_runs} "
         "--classes {params.classes} --n-train {params.n_train} --spec {params.spec} "
-        "--seed {params.seed} --out {output.table} --losses {output.losses} 2> {log}"
+        "{params.data} --seed {params.seed} --out {output.table} --losses {output.losses} 2> {log}"
 
 
 rule audit_user_plot:

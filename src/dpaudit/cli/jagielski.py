@@ -1,5 +1,202 @@
-"""Placeholder: replaced by the jagielski subcommands."""
+"""``dpaudit jagielski-*``: the DP-SGD audits of Jagielski et al. 2020 (seed 003).
+
+``jagielski-task`` prepares a data set's task (FMNIST, or CIFAR-10 features of a
+pretrained CNN) once; ``jagielski-init`` draws the shared "fixed" initialisation;
+``jagielski-train`` trains and scores one cell (a setup and an attack, every side, T
+trials each) into a score table; ``jagielski-audit`` turns the score tables of Figure 2 or
+Table 2 into bounds; ``jagielski-plot`` draws them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from . import SpecError, spec_arg
+
+
+def _say(command: str):
+    return lambda msg: print(f"dpaudit {command}: {msg}", file=sys.stderr, flush=True)
+
+
+def init_label(value) -> str:
+    """Wildcard form of an init: ``fixed`` or ``g<scale>`` (Glorot times scale)."""
+    return "fixed" if value == "fixed" else f"g{float(value):g}"
+
+
+def _dpsgd_config(ds: dict, clip: float, noise: float, init: str, sampling: str):
+    """DP-SGD hyper-parameters of a cell (``init``: ``fixed`` or ``g<Glorot scale>``)."""
+    from ..dpsgd import DPSGDConfig
+
+    if init == "fixed":
+        return DPSGDConfig(ds["epochs"], ds["batch_size"], ds["lr"], clip, noise, sampling, "fixed")
+    if not init.startswith("g"):
+        raise SpecError(f"init={init!r}: must be 'fixed' or 'g<Glorot scale>' (e.g. g1)")
+    return DPSGDConfig(ds["epochs"], ds["batch_size"], ds["lr"], clip, noise, sampling,
+                       "glorot", float(init[1:]))
+
+
+def _device(name: str | None):
+    return None if name in (None, "auto") else name
+
+
+def _task(args) -> None:
+    from .. import features, jagielski
+
+    data, ds, log = args.data, args.spec, _say("jagielski-task")
+    common = {"root": data.get("root"), "download": bool(data.get("download", False)),
+              "seed": args.seed, "clipbkd_norm": ds.get("clipbkd_norm")}
+    if args.dataset == "fmnist":
+        task, prov = jagielski.fmnist_task(**common)
+    else:
+        task, prov = jagielski.cifar_task(**common, tarball=data.get("cifar10_tarball"),
+                                          cifar100_root=data.get("cifar100_root"),
+                                          pretrain_epochs=ds["pretrain_epochs"],
+                                          pretrain_images=ds["pretrain_images"],
+                                          device=_device(args.device), log=log)
+    log(f"{prov['source']}: n={prov['n']}, ClipBKD label y_p={task.y_p}, "
+        f"|x_p|={float((task.x_p ** 2).sum()) ** 0.5:.3g}")
+    features.save_features(args.out, task.arrays(),
+                           {"command": "jagielski-task", "spec": ds, "data": data,
+                            "seed": args.seed, **prov})
+
+
+def _init(args) -> None:
+    from .. import dpsgd, features
+
+    arrays, _ = features.load_features(args.task)
+    model = dpsgd.ModelSpec(args.arch, arrays["X"].shape[1], args.hidden)
+    dpsgd.save_params(args.out, dpsgd.init_params(model, 1, [args.seed]), model)
+
+
+#: Keys of ``jagielski-train --spec`` (the rule passes only what a cell's models depend on,
+#: so that growing a grid reruns no finished cell).
+TRAIN_KEYS = ("trials", "ks", "sampling", "clipbkd_d0", "epochs", "batch_size", "lr", "hidden",
+              "noise")
+
+
+def _train(args) -> None:
+    import pandas as pd
+
+    from .. import dpsgd, features, jagielski
+    from ..io import write_table
+
+    spec, log = args.spec, _say("jagielski-train")
+    missing = [k for k in TRAIN_KEYS if k not in spec]
+    if missing:
+        raise SpecError(f"--spec lacks {missing} (keys: {list(TRAIN_KEYS)})")
+    arrays, task_prov = features.load_features(args.task)
+    task = jagielski.Task.from_arrays(arrays)
+    model = dpsgd.ModelSpec(args.arch, task.X.shape[1], spec["hidden"])
+    cfg = _dpsgd_config(spec, args.clip, float(spec["noise"]), args.init, spec["sampling"])
+    init = None
+    if args.init == "fixed":
+        if args.init_file is None:
+            raise SpecError("init 'fixed' needs --init-file (from jagielski-init)")
+        init, saved = dpsgd.load_params(args.init_file)
+        if saved != model:
+            raise SpecError(f"{args.init_file} holds {saved}, not {model}")
+    cell = {"dataset": args.dataset, "arch": args.arch, "clip": args.clip, "init": args.init,
+            "eps": args.eps, "noise": float(spec["noise"]), "attack": args.attack,
+            "n": len(task.X), "steps": cfg.steps(len(task.X))}
+    log(f"cell {cell}: {spec['trials']} trials per side")
+    scores = jagielski.run_cell(task, args.attack, model, cfg, spec["ks"], spec["trials"],
+                                args.seed, (args.dataset, args.arch), init, spec["clipbkd_d0"],
+                                args.models_per_call, _device(args.device), log)
+    scores = pd.concat([pd.DataFrame({k: [v] * len(scores) for k, v in cell.items()}), scores],
+                       axis=1)
+    write_table(scores, args.out, {"command": "jagielski-train", "spec": spec, "seed": args.seed,
+                                   "device": args.device, "cell": cell, "dpsgd": vars(cfg),
+                                   "task": task_prov})
+
+
+def _audit(args) -> None:
+    import pandas as pd
+
+    from .. import dpsgd, jagielski
+    from ..io import read_table, write_table, write_text
+
+    spec, rows = args.spec, []
+    for path in args.scores:
+        scores, prov = read_table(path)
+        cell = prov["cell"]
+        cfg = dpsgd.DPSGDConfig(**prov["dpsgd"])
+        row = {**cell, "eps_label": cell["eps"],
+               **jagielski.theoretical_eps(cell["noise"], cell["n"], cfg, spec["delta"]),
+               **jagielski.summarize_cell(scores, cell["attack"], spec["alpha"], spec["delta"],
+                                          spec["select_frac"]),
+               "jpeg_reencoded": bool(prov["task"].get("jpeg_reencoded", False)),
+               "pretrained_on": prov["task"].get("pretrained_on", "")}
+        del row["eps"]
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    prov = {"command": "jagielski-audit", "experiment": args.experiment, "spec": spec,
+            "seed": args.seed}
+    if args.experiment == "table2":
+        if args.md is None:
+            raise SpecError("--experiment table2 needs --md (the Markdown table)")
+        table = jagielski.with_paper_table2(table)
+        write_text(jagielski.table2_markdown(table), args.md)
+    write_table(table, args.out, prov)
+
+
+def _plot(args) -> None:
+    from ..plots import jagielski as plots
+
+    if args.experiment == "fig2":
+        plots.plot_fig2(args.table, args.out)
+    else:
+        plots.plot_table2(args.table, args.out)
 
 
 def register(subparsers) -> None:
-    pass
+    def common(p, spec_help="the jagielski config section"):
+        p.add_argument("--spec", type=spec_arg, required=True, help=spec_help)
+        p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+
+    p = subparsers.add_parser("jagielski-task", help="prepare an audit task (data, canaries)")
+    p.add_argument("--dataset", choices=["fmnist", "cifar"], required=True)
+    p.add_argument("--data", type=spec_arg, default={}, help="the data config section")
+    common(p, "the data set's section of jagielski.datasets")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (CIFAR pretraining)")
+    p.add_argument("--out", type=Path, required=True, help="task file (.npz)")
+    p.set_defaults(func=_task)
+
+    p = subparsers.add_parser("jagielski-init", help="draw the shared 'fixed' initialisation")
+    p.add_argument("--dataset", choices=["fmnist", "cifar"], required=True)
+    p.add_argument("--arch", choices=["lr", "fnn"], required=True)
+    p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
+    p.add_argument("--hidden", type=int, default=32, help="hidden width of fnn")
+    p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+    p.add_argument("--out", type=Path, required=True, help="weights (.pt)")
+    p.set_defaults(func=_init)
+
+    p = subparsers.add_parser("jagielski-train", help="train and score the models of one cell")
+    p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
+    p.add_argument("--dataset", choices=["fmnist", "cifar"], required=True)
+    p.add_argument("--arch", choices=["lr", "fnn"], required=True)
+    p.add_argument("--attack", choices=["mi", "backdoor", "clipbkd"], required=True)
+    p.add_argument("--clip", type=float, required=True, help="clipping norm C")
+    p.add_argument("--init", required=True, help="'fixed' or 'g<Glorot scale>', e.g. g1")
+    p.add_argument("--eps", required=True, help="eps label of the noise table (e.g. 8, inf)")
+    p.add_argument("--init-file", type=Path, default=None, help="weights from jagielski-init")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--models-per-call", type=int, default=0,
+                   help="models trained at once (0: as many as fit)")
+    common(p, f"JSON object with keys {', '.join(TRAIN_KEYS)}")
+    p.add_argument("--out", type=Path, required=True, help="score table (CSV)")
+    p.set_defaults(func=_train)
+
+    p = subparsers.add_parser("jagielski-audit", help="bounds of Figure 2 or Table 2")
+    p.add_argument("--experiment", choices=["fig2", "table2"], required=True)
+    p.add_argument("--scores", type=Path, nargs="+", required=True, help="score tables")
+    common(p, "JSON object with keys alpha, delta, select_frac")
+    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+    p.add_argument("--md", type=Path, default=None, help="Markdown table (table2)")
+    p.set_defaults(func=_audit)
+
+    p = subparsers.add_parser("jagielski-plot", help="draw Figure 2 or the Table 2 heatmap")
+    p.add_argument("--experiment", choices=["fig2", "table2"], required=True)
+    p.add_argument("--table", type=Path, required=True, help="CSV from jagielski-audit")
+    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.set_defaults(func=_plot)

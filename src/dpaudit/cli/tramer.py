@@ -101,7 +101,7 @@ def _audit(args) -> None:
     from ..io import write_table
 
     plan = _check(args)
-    X, y = load_fmnist(args.data_root, classes=plan["classes"])
+    X, y = load_fmnist(args.data_root, classes=plan["classes"], download=args.download)
     X, y = torch.as_tensor(X[:args.n_train]), torch.as_tensor(y[:args.n_train])
     if len(X) < args.n_train:
         raise SpecError(f"--n-train={args.n_train}: only {len(X)} examples of classes "
@@ -158,6 +158,8 @@ def register(subparsers) -> None:
     p.add_argument("--n-train", type=int, default=500,
                    help="training-set size: the first N of the reference FMNIST subset")
     p.add_argument("--data-root", default=None, help="data folder (default $DPAUDIT_DATA)")
+    p.add_argument("--download", action="store_true",
+                   help="let torchvision download Fashion-MNIST if no local copy is found")
     p.add_argument("--batch-runs", type=int, default=1000, help="runs per training call")
     p.add_argument("--seed", type=int, required=True, help="master seed of the runs")
     p.add_argument("--out", type=Path, required=True, help="audit table CSV")

@@ -1,0 +1,398 @@
+"""The DP-SGD audits of Jagielski, Ullman, Oprea (2020): tasks, trials and their bounds.
+
+Seed 003 (Algorithms 1-4, Figure 2, Table 2) and the authors' code
+(``jagielski/auditing-dpsgd``). One *cell* is a training setup (data set, model, clipping
+norm C, initialisation, noise multiplier) and one *attack*; it trains T models on each of
+the attack's neighbouring data sets (its *sides*) and scores every model:
+
+=========  ===================================  ===========================================
+attack     D0 (label 0 = "out")                 D1 (label 1 = "in"), one side per k
+=========  ===================================  ===========================================
+mi         the task without its last row        the task (its last row is the target)
+backdoor   the task                             last k rows -> patched class-0 images,
+                                                labelled 1 (Algorithm 3, ``make_old.py``)
+clipbkd    last row -> (x_p, 1 - y_p)           last k rows -> (x_p, y_p) (Algorithm 4,
+           (``d0="flipped"``, the reference's   ``make_new.py``)
+           experiments) or the task (``clean``)
+=========  ===================================  ===========================================
+
+Statistics (higher = "in", :mod:`dpaudit.canaries`): ``mi`` = minus the loss on the
+target; ``backdoor`` = minus the summed loss of the patched class-0 test images with
+label 1; ``clipbkd`` = ``(f(x_p) - f(0))_{y_p}`` (Algorithm 4) and ``clipbkd_logit`` =
+``f(x_p)_{y_p}`` (the reference's ``make_nps.py``). The bound (:func:`audit_scores`) is
+[JUO20] Algorithm 2 with the reference's threshold split: the first half of each side's
+trials choose the threshold, the second half give the Clopper-Pearson eps_LB at
+``1 - alpha`` for a group of k rows (``dpaudit.bounds``).
+
+The training-set order is random (FMNIST: the reference's subset draw; CIFAR: a seeded
+permutation), so "the last rows" are random rows, as in the reference. Model seeds
+depend on the attack, side and trial, never on C, the init or the noise, so every cell
+of a grid sees the same batches and noise draws (paired comparisons across the grid).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import bounds, canaries, dpsgd
+
+ATTACKS = ("mi", "backdoor", "clipbkd")
+DATASETS = ("fmnist", "cifar")
+#: Statistic columns of a score table, by attack (the first is the attack's primary one).
+STATISTICS = {"mi": ("mi",), "backdoor": ("backdoor",), "clipbkd": ("clipbkd", "clipbkd_logit")}
+#: Arrays of a task file (``dpaudit jagielski-task``).
+TASK_ARRAYS = ("X", "y", "X_test", "y_test", "pool_X", "pool_y", "bkd_test_X", "bkd_test_y",
+               "x_p", "y_p")
+
+
+@dataclass(frozen=True)
+class Task:
+    """A 2-class audit task: training set in random order, test set, and the canaries.
+
+    ``pool_X/pool_y``: backdoor poisons (the last k replace the last k training rows);
+    ``bkd_test_X/bkd_test_y``: the patched test points BACKDOORTEST sums the loss over;
+    ``x_p/y_p``: the ClipBKD poison.
+    """
+
+    X: np.ndarray
+    y: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    pool_X: np.ndarray
+    pool_y: np.ndarray
+    bkd_test_X: np.ndarray
+    bkd_test_y: np.ndarray
+    x_p: np.ndarray
+    y_p: int
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> "Task":
+        missing = [k for k in TASK_ARRAYS if k not in arrays]
+        if missing:
+            raise ValueError(f"task file lacks arrays {missing}")
+        return cls(**{k: (int(arrays[k]) if k == "y_p" else np.asarray(arrays[k]))
+                      for k in TASK_ARRAYS})
+
+    def arrays(self) -> dict:
+        return {k: np.asarray(getattr(self, k)) for k in TASK_ARRAYS}
+
+
+def make_task(X, y, X_test, y_test, pool_X, pool_y, bkd_test_X, bkd_test_y,
+              clipbkd_norm: float | None = 10.0) -> Task:
+    """A :class:`Task` with the ClipBKD poison of ``(X, y)``: ``x_p`` of norm
+    ``clipbkd_norm`` along the least-variance direction, ``y_p`` its least likely class
+    under a logistic regression fitted on the clean data (:func:`canaries.clipbkd_point`).
+    ``clipbkd_norm=None``: the median row norm of ``X`` (seed 003: "scaled to a similar
+    norm as the rest of the dataset"; used for CIFAR features, whose scale is not pixels')."""
+    X = np.asarray(X, dtype=np.float32)
+    norm = float(np.median(np.linalg.norm(X, axis=1))) if clipbkd_norm is None else clipbkd_norm
+    x_p, y_p = canaries.clipbkd_point(X, y, norm)
+    return Task(X, np.asarray(y, np.int64), np.asarray(X_test, np.float32),
+                np.asarray(y_test, np.int64), np.asarray(pool_X, np.float32),
+                np.asarray(pool_y, np.int64), np.asarray(bkd_test_X, np.float32),
+                np.asarray(bkd_test_y, np.int64), x_p.astype(np.float32), y_p)
+
+
+#: Backdoor poison pool: the reference draws 16 points and inserts the last k.
+POOL_SIZE = 16
+
+
+def fmnist_task(root=None, download: bool = False, seed: int = 0, pool_size: int = POOL_SIZE,
+                clipbkd_norm: float | None = 10.0, **data_kw) -> tuple[Task, dict]:
+    """The reference's FMNIST task (``make_new.py``, ``make_old.py``): classes 0/1, the
+    random half of the 12,000 training images drawn with ``seed`` (n = 6000; seed 0 is
+    the reference's subset), the whole 2-class test split, the backdoor pool drawn from the
+    same random stream next (as ``make_old.py``), and the ClipBKD poison of norm 10."""
+    from . import data
+
+    X, y = data.load_fmnist(root, (0, 1), seed=seed, download=download, **data_kw)
+    X_test, y_test = data.load_fmnist(root, (0, 1), train=False, download=download, **data_kw)
+    _, labels = data.fmnist_raw(root, download=download, **data_kw)
+    _, stream = data.subset_indices(int(np.isin(labels, (0, 1)).sum()), 0.5, seed)
+    pool = canaries.backdoor_pool(X, y, pool_size, rng=stream, image_shape=(28, 28))
+    bkd_test = canaries.backdoor_test_set(X_test, y_test, image_shape=(28, 28))
+    task = make_task(X, y, X_test, y_test, *pool, *bkd_test, clipbkd_norm=clipbkd_norm)
+    return task, {"dataset": "fmnist", "source": "Fashion-MNIST classes 0/1 (torchvision reader)",
+                  "n": len(X), "n_test": len(X_test)}
+
+
+def cifar_task(root=None, download: bool = False, tarball=None, cifar100_root=None,
+               pretrain_epochs: int = 20, pretrain_images: int = 0, seed: int = 0,
+               pool_size: int = POOL_SIZE, clipbkd_norm: float | None = None, device=None,
+               log: Callable[[str], None] | None = None) -> tuple[Task, dict]:
+    """The CIFAR-10 task on frozen CNN features (:mod:`dpaudit.features`): pretrain the
+    reference's CNN (CIFAR-100, else the 8 CIFAR-10 classes not audited; the first
+    ``pretrain_images`` images of a seeded permutation when > 0), then map the audited
+    classes' 10,000 training images (seeded random order) and 2,000 test images, the
+    patched backdoor pool (white 5x5 top-left patch on class-0 training images, label 1)
+    and the patched class-0 test images to 1024-d features. The ClipBKD poison lives in
+    feature space (the audited mechanism is DP-SGD on the head)."""
+    from . import data, features
+
+    say = log or (lambda msg: None)
+    pre = features.pretraining_data(root, features.AUDIT_CLASSES, cifar100_root, download,
+                                    tarball)
+    rng = np.random.RandomState(seed)
+    keep = rng.permutation(len(pre.labels))
+    if pretrain_images:
+        keep = keep[:pretrain_images]
+    say(f"pretraining the CNN on {len(keep)} images of {pre.source}, {pretrain_epochs} epochs")
+    cnn, history = features.pretrain(pre.images[keep], pre.labels[keep], pretrain_epochs, seed,
+                                     device)
+    train = data.load_cifar10(root, True, features.AUDIT_CLASSES, download, tarball)
+    test = data.load_cifar10(root, False, features.AUDIT_CLASSES, download, tarball)
+    order = rng.permutation(len(train.labels))
+    images, y = train.images[order], train.labels[order]
+    pool_img, pool_y = canaries.backdoor_pool(images, y, pool_size, rng=rng, value=255)
+    bkd_img, bkd_y = canaries.backdoor_test_set(test.images, test.labels, value=255)
+    say("extracting features")
+    feats = [features.extract_features(cnn, a, device=device)
+             for a in (images, test.images, pool_img, bkd_img)]
+    task = make_task(feats[0], y, feats[1], test.labels, feats[2], pool_y, feats[3], bkd_y,
+                     clipbkd_norm=clipbkd_norm)
+    return task, {"dataset": "cifar", "source": f"CIFAR-10 classes {list(features.AUDIT_CLASSES)}"
+                  f" ({train.source})", "pretrained_on": pre.source,
+                  "pretrain_images": int(len(keep)), "pretrain_epochs": pretrain_epochs,
+                  "pretrain_loss": history, "jpeg_reencoded": train.source != "torchvision",
+                  "n": len(y), "n_test": len(test.labels)}
+
+
+def sides(task: Task, attack: str, ks, clipbkd_d0: str = "flipped"):
+    """The data sets an attack trains on: ``[(side, label, k, (X, y)), ...]`` with
+    ``label`` 0 for D0 and 1 for D1 (one D1 per k; k = 1 for ``mi``)."""
+    X, y = task.X, task.y
+    if attack == "mi":
+        D0, D1, _ = canaries.mi_datasets(X, y)
+        return [("out", 0, 1, D0), ("in", 1, 1, D1)]
+    if attack == "backdoor":
+        out = [("out", 0, 0, (X, y))]
+        return out + [(f"k{k}", 1, k, canaries.backdoor_datasets(X, y, task.pool_X, task.pool_y,
+                                                                 k)[1]) for k in ks]
+    if attack == "clipbkd":
+        D0 = canaries.clipbkd_datasets(X, y, task.x_p, task.y_p, 1, d0=clipbkd_d0)[0]
+        out = [("out", 0, 0, D0)]
+        return out + [(f"k{k}", 1, k, canaries.clipbkd_datasets(X, y, task.x_p, task.y_p, k,
+                                                                 d0=clipbkd_d0)[1]) for k in ks]
+    raise ValueError(f"attack={attack!r}: must be one of {ATTACKS}")
+
+
+def model_seeds(seed: int, dataset: str, arch: str, attack: str, side: str, trials: int) -> list[int]:
+    """Distinct seeds of the T trials of one side, from the run seed and the side's name
+    (not from C, the init or the noise: a grid's cells are paired)."""
+    key = zlib.crc32(f"{dataset}/{arch}/{attack}/{side}".encode())
+    state = np.random.SeedSequence([int(seed), key]).generate_state(trials, np.uint64) >> np.uint64(1)
+    seeds = [int(s) for s in state]
+    if len(set(seeds)) != trials:  # probability ~ trials^2 / 2^64
+        raise RuntimeError("model seed collision; change the seed")
+    return seeds
+
+
+def score_models(params: dpsgd.Params, model: dpsgd.ModelSpec, task: Task) -> dict[str, np.ndarray]:
+    """Every statistic of K trained models, higher = "in" (module docstring), and their
+    test accuracy."""
+    dev, dt = params.W[0].device, params.W[0].dtype
+    t = lambda a: torch.as_tensor(a).to(dev, dt)  # noqa: E731
+    probe = torch.stack([t(task.x_p), torch.zeros_like(t(task.x_p))])
+    z = dpsgd.logits(params, probe, model).cpu().numpy()  # (K, 2, C)
+    bkd_losses = dpsgd.losses(params, t(task.bkd_test_X), torch.as_tensor(task.bkd_test_y),
+                              model)
+    mi_loss = dpsgd.losses(params, t(task.X[-1:]), torch.as_tensor(task.y[-1:]), model)
+    test_logits = dpsgd.logits(params, t(task.X_test), model)
+    acc = (test_logits.argmax(-1).cpu() == torch.as_tensor(task.y_test)).float().mean(-1)
+    return {
+        "mi": canaries.mi_score(mi_loss),
+        "backdoor": canaries.backdoor_score(bkd_losses),
+        "clipbkd": canaries.clipbkd_score(z[:, :1], task.y_p, z[:, 1:]),
+        "clipbkd_logit": canaries.clipbkd_score(z[:, :1], task.y_p),
+        "test_acc": acc.numpy().astype(np.float64),
+    }
+
+
+def run_cell(task: Task, attack: str, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig,
+             ks, trials: int, seed: int, name: tuple[str, str], init: dpsgd.Params | None = None,
+             clipbkd_d0: str = "flipped", models_per_call: int = 0, device=None,
+             log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Train ``trials`` models on each side of ``attack`` and score them.
+
+    ``name = (dataset, arch)`` keys the model seeds (:func:`model_seeds`). Returns one row
+    per model: side, label (1 = D1), k, trial, seed, the statistics and the test accuracy.
+    ``models_per_call`` models are trained at once (0: :func:`dpsgd.pick_k`).
+    """
+    K = models_per_call or dpsgd.pick_k(model, len(task.X), device, cfg)
+    rows, t0 = [], time.perf_counter()
+    last = t0
+    plan = sides(task, attack, ks, clipbkd_d0)
+    total, done = trials * len(plan), 0
+    for side, label, k, (X, y) in plan:
+        seeds = model_seeds(seed, *name, attack, side, trials)
+        Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
+        for start in range(0, trials, K):
+            chunk = seeds[start:start + K]
+            params = dpsgd.train(Xt, yt, model, cfg, chunk, init=init, device=device)
+            stats = score_models(params, model, task)
+            rows.append(pd.DataFrame({"side": side, "label": label, "k": k,
+                                      "trial": np.arange(start, start + len(chunk)),
+                                      "seed": chunk, **stats}))
+            done += len(chunk)
+            now = time.perf_counter()
+            if log is not None and (now - last >= 15 or start + K >= trials):
+                last, rate = now, done / (now - t0)
+                log(f"{attack} side {side}: {done}/{total} models, {rate:.2f} models/s, "
+                    f"about {(total - done) / rate:.0f} s left")
+    return pd.concat(rows, ignore_index=True)
+
+
+def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
+                 select_frac: float = 0.5, statistic: str | None = None) -> pd.DataFrame:
+    """Bounds of one cell's scores, one row per k (D1 side against the D0 side).
+
+    Columns: ``eps_lb`` (Clopper-Pearson, [JUO20] Alg. 2 at ``1 - alpha``, threshold chosen
+    on the first ``select_frac`` of the trials and evaluated on the rest; the group of k
+    rows by [JUO20] Lemma 1 with ``delta``), its threshold and counts (``tpr``, ``fpr`` on
+    the evaluation trials); ``eps_lb_scan`` (every threshold on all trials, Bonferroni);
+    ``mu_lb`` (Gaussian DP, same split) and ``eps_lb_gdp`` = ``eps_from_mu(mu_lb / k,
+    delta)`` (mu-GDP composes over a group as k mu).
+    """
+    stat = statistic or STATISTICS[attack][0]
+    neg = scores.loc[scores.label == 0].sort_values("trial")[stat].to_numpy()
+    out = []
+    for k, grp in scores.loc[scores.label == 1].groupby("k"):
+        pos = grp.sort_values("trial")[stat].to_numpy()
+        cp = partial(_cp, delta=delta, k=int(k))
+        split = bounds.threshold_split_audit(pos, neg, cp, alpha, select_frac)
+        scan = bounds.threshold_scan_audit(pos, neg, cp, alpha)
+        gdp = bounds.threshold_split_audit(pos, neg, bounds.mu_lb_gdp, alpha, select_frac)
+        out.append({"statistic": stat, "k": int(k), "eps_lb": split.value,
+                    "threshold": split.threshold, "tpr": split.ct_pos / split.n_pos,
+                    "fpr": split.ct_neg / split.n_neg, "n_eval_pos": split.n_pos,
+                    "n_eval_neg": split.n_neg, "eps_lb_scan": scan.value, "mu_lb": gdp.value,
+                    "eps_lb_gdp": _eps_gdp(gdp.value / k, delta)})
+    return pd.DataFrame(out)
+
+
+def _eps_gdp(mu: float, delta: float) -> float:
+    """eps at delta of mu-GDP (inf at delta = 0, which no mu > 0 satisfies)."""
+    if mu <= 0:
+        return 0.0
+    return math.inf if delta == 0 else bounds.eps_from_mu(mu, delta)
+
+
+def _cp(ct_pos, n_pos, ct_neg, n_neg, alpha, *, delta, k):
+    return bounds.eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha, delta, k)
+
+
+def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
+                   select_frac: float = 0.5) -> dict:
+    """One cell's result row.
+
+    ``eps_lb``: the paper's maximum over k of the primary statistic's bound ([JUO20]
+    Table 2; not itself a ``1 - alpha`` bound, being a maximum of several);
+    ``eps_lb_bonf``: the same maximum with every k at ``alpha / len(ks)``, which is valid
+    at ``1 - alpha`` (union bound); the maxima over k of the scan and GDP bounds; the bound
+    of the other ClipBKD statistic; the number of trials per side and the mean test
+    accuracy of the models."""
+    per_k = audit_scores(scores, attack, alpha, delta, select_frac)
+    bonf = audit_scores(scores, attack, alpha / len(per_k), delta, select_frac)
+    best = per_k.iloc[int(per_k.eps_lb.to_numpy().argmax())]
+    row = {"eps_lb": float(best.eps_lb), "best_k": int(best.k), "tpr": float(best.tpr),
+           "fpr": float(best.fpr), "threshold": float(best.threshold),
+           "eps_lb_bonf": float(bonf.eps_lb.max()), "eps_lb_scan": float(per_k.eps_lb_scan.max()),
+           "mu_lb": float(per_k.mu_lb.max()), "eps_lb_gdp": float(per_k.eps_lb_gdp.max())}
+    for stat in STATISTICS[attack][1:]:
+        row[f"eps_lb_{stat}"] = float(audit_scores(scores, attack, alpha, delta, select_frac,
+                                                   statistic=stat).eps_lb.max())
+    row["trials"] = int((scores.label == 0).sum())
+    row["test_acc"] = float(scores.test_acc.mean())
+    return row
+
+
+def theoretical_eps(noise: float, n: int, cfg: dpsgd.DPSGDConfig, delta: float) -> dict:
+    """eps_th of the cell's DP-SGD by the accountant Jagielski et al. used (``rdp_classic``)
+    and the tight PLD accountant, sample rate ``B / n`` over the trained steps (Poisson
+    subsampling, as the accountants assume); ``inf`` without noise."""
+    from . import accounting
+
+    if noise == 0:
+        return {"eps_th": math.inf, "eps_pld": math.inf}
+    q, steps = cfg.batch_size / n, cfg.steps(n)
+    return {"eps_th": accounting.epsilon(noise, q, steps, delta, "rdp_classic"),
+            "eps_pld": accounting.epsilon(noise, q, steps, delta, "pld")}
+
+
+#: [JUO20] Table 2 (seed 003): ClipBKD eps_LB of the FMNIST 2-layer net, best over
+#: k = 1, 2, 4, 8, at 99% confidence: {(eps label, init): (C = 0.5, C = 1, C = 2)}.
+PAPER_TABLE2 = {
+    ("1", "fixed"): (0.13, 0.15, 0.13), ("1", "g0.5"): (0.13, 0.17, 0.13),
+    ("1", "g1"): (0.06, 0.12, 0.09), ("1", "g2"): (0.01, 0.06, 0.08),
+    ("2", "fixed"): (0.33, 0.37, 0.28), ("2", "g0.5"): (0.27, 0.33, 0.39),
+    ("2", "g1"): (0.10, 0.17, 0.27), ("2", "g2"): (0.01, 0.06, 0.17),
+    ("4", "fixed"): (0.89, 0.75, 0.71), ("4", "g0.5"): (0.28, 0.52, 0.78),
+    ("4", "g1"): (0.08, 0.20, 0.54), ("4", "g2"): (0.02, 0.10, 0.18),
+    ("8", "fixed"): (1.61, 1.85, 1.90), ("8", "g0.5"): (0.33, 0.55, 1.27),
+    ("8", "g1"): (0.07, 0.25, 0.53), ("8", "g2"): (0.01, 0.05, 0.20),
+    ("16", "fixed"): (2.15, 2.16, 2.43), ("16", "g0.5"): (0.36, 0.80, 1.39),
+    ("16", "g1"): (0.13, 0.27, 0.72), ("16", "g2"): (0.02, 0.08, 0.16),
+    ("inf", "fixed"): (4.54, 4.54, 4.54), ("inf", "g0.5"): (0.29, 0.95, 2.36),
+    ("inf", "g1"): (0.10, 0.42, 0.79), ("inf", "g2"): (0.03, 0.09, 0.27),
+}
+PAPER_CLIPS = (0.5, 1.0, 2.0)
+
+
+def paper_table2(eps_label: str, init: str, clip: float) -> float:
+    """The paper's Table 2 value of a cell, NaN where the paper has none."""
+    values = PAPER_TABLE2.get((str(eps_label), init))
+    if values is None or float(clip) not in PAPER_CLIPS:
+        return math.nan
+    return values[PAPER_CLIPS.index(float(clip))]
+
+
+def with_paper_table2(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with column ``paper_eps_lb`` (:func:`paper_table2`) beside ``eps_lb``."""
+    paper = [paper_table2(r.eps_label, r.init, r.clip) for r in table.itertuples()]
+    out = table.copy()
+    out.insert(out.columns.get_loc("eps_lb") + 1, "paper_eps_lb", paper)
+    return out
+
+
+def table2_markdown(table: pd.DataFrame) -> str:
+    """Table 2 as Markdown: rows eps_th, columns init, cells "ours (paper)" for each
+    clipping norm, separated by " / " as in the paper."""
+    inits = sorted(table.init.unique(), key=lambda i: (i != "fixed", i))
+    clips = sorted(table["clip"].unique())
+    labels = sorted(table.eps_label.astype(str).unique(),
+                    key=lambda e: math.inf if e == "inf" else float(e))
+    init_name = {"fixed": "fixed init"} | {i: f"Glorot x {i[1:]}" for i in inits if i != "fixed"}
+    lines = [f"ClipBKD eps_LB (paper's value in brackets), C = {' / '.join(f'{c:g}' for c in clips)}",
+             "", "| eps_th (noise) | " + " | ".join(init_name[i] for i in inits) + " |",
+             "|---" * (len(inits) + 1) + "|"]
+    for e in labels:
+        sub = table[table.eps_label.astype(str) == e]
+        noise = sub.noise.iloc[0]
+        cells = []
+        for i in inits:
+            parts = []
+            for c in clips:
+                r = sub[(sub.init == i) & (sub["clip"] == c)]
+                if r.empty:
+                    parts.append("-")
+                    continue
+                ours, paper = r.eps_lb.iloc[0], r.paper_eps_lb.iloc[0]
+                parts.append(f"{ours:.2f}" + ("" if math.isnan(paper) else f" ({paper:.2f})"))
+            cells.append(" / ".join(parts))
+        lines.append(f"| {e} ({noise:g}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["ATTACKS", "DATASETS", "STATISTICS", "Task", "make_task", "sides", "model_seeds",
+           "score_models", "run_cell", "audit_scores", "summarize_cell",
+           "theoretical_eps", "PAPER_TABLE2", "paper_table2", "with_paper_table2",
+           "table2_markdown"]

@@ -1,0 +1,93 @@
+"""Figures of Jagielski et al. 2020: Figure 2 (eps_LB of MI, backdoor and ClipBKD against
+eps_th) and a heatmap of Table 2 (ClipBKD eps_LB over clip x init x eps_th)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ..io import read_table
+from .style import COLORS, figure, save
+
+ATTACK_NAMES = {"mi": "MI", "backdoor": "Backdoor", "clipbkd": "ClipBKD"}
+DATASET_NAMES = {"fmnist": "FMNIST", "cifar": "CIFAR-10"}
+ARCH_NAMES = {"lr": "LR", "fnn": "2-layer FNN"}
+
+
+def _x_positions(eps_th: np.ndarray) -> tuple[np.ndarray, float]:
+    """x of each eps_th on a log axis, inf drawn one octave right of the largest finite."""
+    finite = eps_th[np.isfinite(eps_th)]
+    x_inf = 2 * finite.max() if finite.size else 1.0
+    return np.where(np.isfinite(eps_th), eps_th, x_inf), x_inf
+
+
+def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
+    """One panel per (data set, model): each attack's eps_LB (best over k, 99%; the
+    Bonferroni-valid maximum dashed) against the theoretical eps of the cell (rdp_classic,
+    delta 1e-5, as the paper's x-axis), with the line eps_LB = eps_th."""
+    df, _ = read_table(table)
+    panels = [(d, a) for d in DATASET_NAMES for a in ARCH_NAMES
+              if ((df.dataset == d) & (df.arch == a)).any()]
+    fig, axes = figure(1, len(panels), squeeze=False)
+    for ax, (dataset, arch) in zip(axes[0], panels):
+        sub = df[(df.dataset == dataset) & (df.arch == arch)]
+        x_all, x_inf = _x_positions(sub.eps_th.to_numpy(float))
+        lo = max(min(x_all.min(), 0.5), 1e-3)
+        line = np.geomspace(lo, x_inf, 50)
+        ax.plot(line, line, color=COLORS["theory"], lw=1, ls=":", label="eps_LB = eps_th")
+        for attack, name in ATTACK_NAMES.items():
+            a = sub[sub.attack == attack].sort_values("eps_th")
+            if a.empty:
+                continue
+            x, _ = _x_positions(a.eps_th.to_numpy(float))
+            x = np.where(np.isfinite(a.eps_th), x, x_inf)
+            ax.plot(x, a.eps_lb, marker="o", color=COLORS[attack], label=name)
+            ax.plot(x, a.eps_lb_bonf, ls="--", lw=1, color=COLORS[attack], alpha=0.7)
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=0.01)
+        ticks = sorted(set(np.round(x_all, 2)))
+        ax.set_xticks(ticks, [("inf" if math.isclose(t, x_inf) else f"{t:g}") for t in ticks])
+        ax.minorticks_off()
+        title = f"{DATASET_NAMES[dataset]} {ARCH_NAMES[arch]}"
+        if sub.get("jpeg_reencoded", False).any():
+            title += " (JPEG re-encoded)"
+        ax.set(title=title, xlabel="eps_th (rdp_classic, delta = 1e-5)", ylabel="eps_LB")
+    trials = int(df.trials.max())
+    axes[0][0].legend(title=f"{trials} trials/side; dashed: Bonferroni over k", loc="upper left")
+    save(fig, out)
+
+
+def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Heatmap of ClipBKD eps_LB: rows eps_th, columns init x clipping norm, each cell
+    annotated "ours (paper)"."""
+    df, _ = read_table(table)
+    inits = sorted(df.init.unique(), key=lambda i: (i != "fixed", i))
+    clips = sorted(df["clip"].unique())
+    labels = sorted(df.eps_label.astype(str).unique(),
+                    key=lambda e: math.inf if e == "inf" else float(e))
+    grid = np.full((len(labels), len(inits) * len(clips)), np.nan)
+    text = np.full(grid.shape, "", dtype=object)
+    for r in df.itertuples():
+        i = labels.index(str(r.eps_label))
+        j = inits.index(r.init) * len(clips) + clips.index(r.clip)
+        grid[i, j] = r.eps_lb
+        paper = "" if math.isnan(r.paper_eps_lb) else f"\n({r.paper_eps_lb:.2f})"
+        text[i, j] = f"{r.eps_lb:.2f}{paper}"
+    fig, ax = figure(figsize=(1.0 + 0.62 * grid.shape[1], 0.9 + 0.5 * len(labels)))
+    im = ax.imshow(grid, cmap="viridis", aspect="auto")
+    vmax = np.nanmax(grid) if np.isfinite(grid).any() else 1.0
+    for (i, j), t in np.ndenumerate(text):
+        ax.text(j, i, t, ha="center", va="center", fontsize=6.5,
+                color="white" if grid[i, j] < 0.6 * vmax else "black")
+    ax.set_xticks(range(grid.shape[1]),
+                  [f"{'fixed' if i == 'fixed' else 'x' + i[1:]}\nC={c:g}" for i in inits
+                   for c in clips], fontsize=7)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set(xlabel="initialisation (Glorot scale) and clipping norm C", ylabel="eps_th label",
+           title=f"ClipBKD eps_LB, FMNIST 2-layer net, best over k (paper in brackets), "
+                 f"{int(df.trials.max())} trials/side")
+    ax.grid(False)
+    fig.colorbar(im, ax=ax, label="eps_LB")
+    save(fig, out)
