@@ -187,3 +187,34 @@ def test_theoretical_eps_reproduces_the_papers_calibration():
     assert th["eps_th"] == pytest.approx(7.95, abs=0.02)
     assert 0.5 * th["eps_th"] < th["eps_pld"] < th["eps_th"]
     assert jagielski.theoretical_eps(0.0, 10_000, cfg, 1e-5)["eps_th"] == math.inf
+
+
+def test_cli_train_scores_table_and_saved_models_reproduce_the_scores(tmp_path):
+    import json
+
+    from dpaudit import features
+    from dpaudit.cli import main
+    from dpaudit.io import read_table
+
+    task = _task(np.random.default_rng(7))
+    features.save_features(tmp_path / "task.npz", task.arrays(), {"dataset": "toy"})
+    spec = {"trials": 4, "ks": [1, 2], "sampling": "shuffle", "clipbkd_d0": "flipped",
+            "epochs": 2, "batch_size": 10, "lr": 0.5, "hidden": 5, "noise": 0.7}
+    out = tmp_path / "cell.csv"
+    assert main(["jagielski-train", "--task", str(tmp_path / "task.npz"), "--dataset", "fmnist",
+                 "--arch", "fnn", "--attack", "clipbkd", "--clip", "1", "--init", "g2",
+                 "--eps", "4", "--spec", json.dumps(spec), "--seed", "5", "--out", str(out),
+                 "--device", "cpu", "--save-models", "2"]) == 0
+    scores, prov = read_table(out)
+    assert prov["seed"] == 5 and prov["cell"]["noise"] == 0.7 and prov["dpsgd"]["init_scale"] == 2
+    assert len(scores) == 3 * 4
+    params, model = dpsgd.load_params(out.with_name("cell_models_k2.pt"))
+    assert params.K == 2 and model.hidden == 5
+    again = jagielski.score_models(params, model, task)["clipbkd"]
+    want = scores[scores.side == "k2"].sort_values("trial").clipbkd.to_numpy()[:2]
+    np.testing.assert_allclose(again, want, rtol=1e-6)
+    bad = dict(spec)
+    del bad["noise"]
+    assert main(["jagielski-train", "--task", str(tmp_path / "task.npz"), "--dataset", "fmnist",
+                 "--arch", "lr", "--attack", "mi", "--clip", "1", "--init", "g1", "--eps", "4",
+                 "--spec", json.dumps(bad), "--seed", "5", "--out", str(out)]) == 2

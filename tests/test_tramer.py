@@ -230,7 +230,7 @@ def test_cli_too_few_runs_message_names_the_best_possible_bound(no_training, tmp
 def test_cli_audit_and_plot_end_to_end(user_module, monkeypatch, tmp_path):
     X, y = _image_like(100, 4, 12, seed=2)
     monkeypatch.setattr("dpaudit.data.load_fmnist",
-                        lambda root, classes: (X.numpy(), y.numpy()))
+                        lambda root, classes, **kw: (X.numpy(), y.numpy()))
     sigma = 1 / tramer.mu_claimed(EPS, DELTA)
     out = tmp_path / "res" / "audit.csv"
     spec = f'{{"n_classes": 2, "clip": 1.0, "sigma": {sigma}, "bug": true}}'

@@ -6,6 +6,7 @@ between releases), with ``--directory`` pointing at a temporary folder.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,7 +134,7 @@ def _fake_image_data(root: Path):
 @pytest.mark.slow
 def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     """Figure 2 and Table 2 from tiny real-format data; growing the grid trains only the
-    new cells and a deleted cell is the only one retrained."""
+    new cells, and a grid interrupted before its table trains only its missing cells."""
     _fake_image_data(tmp_path / "data")
     cfg = load("quick.yaml")
     cfg["seed"] = 3
@@ -146,9 +147,8 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     jag["fig2"].update(archs=["lr"], eps=["4"])
     jag["table2"].update(clips=[1.0], inits=["fixed", 1.0], eps=["4"])
     targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
-    config_file = write_config(tmp_path, cfg)
     out = snakemake(*targets, "--cores", "2", "--directory", str(tmp_path), "--configfile",
-                    str(config_file))
+                    str(write_config(tmp_path, cfg)))
     assert out.returncode == 0, out.stderr
     for name in ("jagielski_fig2", "jagielski_table2"):
         for ext in ("pdf", "png"):
@@ -170,6 +170,16 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(tmp_path),
                     "--configfile", str(write_config(tmp_path, cfg)))
     assert dry.returncode == 0, dry.stderr
-    assert "fmnist_fnn_c2_fixed_e4_clipbkd" in dry.stdout
-    assert "fmnist_fnn_c1_fixed_e4_clipbkd" not in dry.stdout
-    assert "fmnist_lr_c1_g1_e4_mi" not in dry.stdout
+    retrained = re.findall(r"output: results/jagielski/scores/(\S+)\.csv", dry.stdout)
+    assert sorted(retrained) == ["fmnist_fnn_c2_fixed_e4_clipbkd", "fmnist_fnn_c2_g1_e4_clipbkd"]
+
+    # A grid interrupted before its table: only the missing cell trains.
+    jag["table2"]["clips"] = [1.0]
+    (tmp_path / "results/jagielski/scores/cifar_lr_c1_g1_e4_mi.csv").unlink()
+    for made in ("results/jagielski_fig2.csv", "figures/jagielski_fig2.pdf",
+                 "figures/jagielski_fig2.png"):
+        (tmp_path / made).unlink()
+    dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(tmp_path),
+                    "--configfile", str(write_config(tmp_path, cfg)))
+    retrained = re.findall(r"output: results/jagielski/scores/(\S+)\.csv", dry.stdout)
+    assert retrained == ["cifar_lr_c1_g1_e4_mi"]

@@ -220,12 +220,15 @@ def score_models(params: dpsgd.Params, model: dpsgd.ModelSpec, task: Task) -> di
 def run_cell(task: Task, attack: str, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig,
              ks, trials: int, seed: int, name: tuple[str, str], init: dpsgd.Params | None = None,
              clipbkd_d0: str = "flipped", models_per_call: int = 0, device=None,
-             log: Callable[[str], None] | None = None) -> pd.DataFrame:
+             log: Callable[[str], None] | None = None,
+             on_trained: Callable[[str, list[int], dpsgd.Params], None] | None = None
+             ) -> pd.DataFrame:
     """Train ``trials`` models on each side of ``attack`` and score them.
 
     ``name = (dataset, arch)`` keys the model seeds (:func:`model_seeds`). Returns one row
     per model: side, label (1 = D1), k, trial, seed, the statistics and the test accuracy.
-    ``models_per_call`` models are trained at once (0: :func:`dpsgd.pick_k`).
+    ``models_per_call`` models are trained at once (0: :func:`dpsgd.pick_k`);
+    ``on_trained(side, seeds, params)`` sees every batch of trained models (to keep some).
     """
     K = models_per_call or dpsgd.pick_k(model, len(task.X), device, cfg)
     rows, t0 = [], time.perf_counter()
@@ -239,6 +242,8 @@ def run_cell(task: Task, attack: str, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDCo
             chunk = seeds[start:start + K]
             params = dpsgd.train(Xt, yt, model, cfg, chunk, init=init, device=device)
             stats = score_models(params, model, task)
+            if on_trained is not None:
+                on_trained(side, chunk, params)
             rows.append(pd.DataFrame({"side": side, "label": label, "k": k,
                                       "trial": np.arange(start, start + len(chunk)),
                                       "seed": chunk, **stats}))

@@ -3,32 +3,14 @@
 # writes their scores; a grid resumes cell by cell.  Figure 2 and Table 2 share cells.
 # Each job gets only the config values its output depends on, so growing a grid (more
 # clips, inits, eps) reruns no finished cell.
-from dpaudit.cli.jagielski import init_label
-
-JAG = config["jagielski"]
 FIGURES += ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
-
-
-def _check_eps_labels(where, dataset, labels):
-    noise = JAG["datasets"][dataset]["noise"]
-    for label in labels:
-        if label not in noise:
-            raise ValueError(
-                f"config jagielski.{where}.eps: {label!r} is not a key of "
-                f"jagielski.datasets.{dataset}.noise (allowed: {sorted(noise)})"
-            )
+# The dataset-section keys a task depends on.
+TASK_KEYS = ("clipbkd_norm", "pretrain_epochs", "pretrain_images")
 
 
 for _ds in JAG["fig2"]["datasets"]:
     _check_eps_labels("fig2", _ds, JAG["fig2"]["eps"])
 _check_eps_labels("table2", JAG["table2"]["dataset"], JAG["table2"]["eps"])
-
-
-def jag_cell(dataset, arch, clip, init, eps, attack):
-    return (
-        f"results/jagielski/scores/{dataset}_{arch}_c{float(clip):g}_{init_label(init)}"
-        f"_e{eps}_{attack}.csv"
-    )
 
 
 FIG2_CELLS = [
@@ -89,33 +71,6 @@ rule jagielski_init:
         "dpaudit jagielski-init --dataset {wildcards.dataset} --arch {wildcards.arch}"
         " --task {input} --hidden {params.hidden} --seed {params.seed} --out {output}"
         " 2> {log}"
-
-
-TASK_KEYS = ("clipbkd_norm", "pretrain_epochs", "pretrain_images")
-
-
-def _train_spec(wc):
-    ds = JAG["datasets"][wc.dataset]
-    if wc.eps not in ds["noise"]:
-        raise ValueError(
-            f"eps label {wc.eps!r} is not a key of jagielski.datasets.{wc.dataset}.noise"
-            f" (allowed: {sorted(ds['noise'])})"
-        )
-    keys = ("trials", "ks", "sampling", "clipbkd_d0")
-    return quoted_json(
-        {
-            **{k: JAG[k] for k in keys},
-            **{k: ds[k] for k in ("epochs", "batch_size", "lr", "hidden")},
-            "noise": ds["noise"][wc.eps],
-        }
-    )
-
-
-def _train_inputs(wc):
-    inputs = {"task": f"results/jagielski/task_{wc.dataset}.npz"}
-    if wc.init == "fixed":
-        inputs["init"] = f"results/jagielski/init_{wc.dataset}_{wc.arch}.pt"
-    return inputs
 
 
 rule jagielski_train:

@@ -77,6 +77,7 @@ TRAIN_KEYS = ("trials", "ks", "sampling", "clipbkd_d0", "epochs", "batch_size", 
 
 def _train(args) -> None:
     import pandas as pd
+    import torch
 
     from .. import dpsgd, features, jagielski
     from ..io import write_table
@@ -100,9 +101,24 @@ def _train(args) -> None:
             "eps": args.eps, "noise": float(spec["noise"]), "attack": args.attack,
             "n": len(task.X), "steps": cfg.steps(len(task.X))}
     log(f"cell {cell}: {spec['trials']} trials per side")
+
+    def keep(side, seeds, params):  # the first --save-models models of each side
+        have = kept.setdefault(side, [])
+        take = min(args.save_models - sum(p.K for p in have), params.K)
+        if take > 0:
+            have.append(params.select(list(range(take))).to("cpu"))
+
+    kept: dict = {}
     scores = jagielski.run_cell(task, args.attack, model, cfg, spec["ks"], spec["trials"],
                                 args.seed, (args.dataset, args.arch), init, spec["clipbkd_d0"],
-                                args.models_per_call, _device(args.device), log)
+                                args.models_per_call, _device(args.device), log,
+                                keep if args.save_models else None)
+    for side, parts in kept.items():
+        params = dpsgd.Params([torch.cat(w) for w in zip(*(p.W for p in parts))],
+                              [torch.cat(b) for b in zip(*(p.b for p in parts))])
+        path = args.out.with_name(f"{args.out.stem}_models_{side}.pt")
+        dpsgd.save_params(path, params, model)
+        log(f"saved the first {params.K} models of side {side} (trials 0..) to {path}")
     scores = pd.concat([pd.DataFrame({k: [v] * len(scores) for k, v in cell.items()}), scores],
                        axis=1)
     write_table(scores, args.out, {"command": "jagielski-train", "spec": spec, "seed": args.seed,
@@ -183,6 +199,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--models-per-call", type=int, default=0,
                    help="models trained at once (0: as many as fit)")
+    p.add_argument("--save-models", type=int, default=0, metavar="N",
+                   help="also save the weights of the first N models of each side, beside "
+                        "OUT as OUT_models_<side>.pt (dpsgd.load_params reads them)")
     common(p, f"JSON object with keys {', '.join(TRAIN_KEYS)}")
     p.add_argument("--out", type=Path, required=True, help="score table (CSV)")
     p.set_defaults(func=_train)
