@@ -59,7 +59,8 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
         ax.set_yscale("symlog", linthresh=0.01)
         ax.set_ylim(bottom=0)
         ticks = sorted(set(np.round(x_all, 2)))
-        ax.set_xticks(ticks, [("inf" if math.isclose(t, x_inf) else f"{t:g}") for t in ticks])
+        ax.set_xticks(ticks, [("inf" if math.isclose(t, x_inf, rel_tol=1e-2) else f"{t:g}")
+                              for t in ticks])
         ax.minorticks_off()
         title = f"{DATASET_NAMES[dataset]} {ARCH_NAMES[arch]}"
         if sub["jpeg_reencoded"].astype(bool).any():
