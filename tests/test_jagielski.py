@@ -83,11 +83,18 @@ def test_scores_match_a_direct_torch_computation():
             want_mi = -float(ce(f(task.X[-1:]), torch.as_tensor(task.y[-1:])))
             want_acc = float((f(task.X_test).argmax(1).numpy() == task.y_test).mean())
             want_logit = float(f(task.x_p[None])[0, yp])
+            # Yeom et al.: member iff true-class confidence >= the members' mean confidence
+            conf_in = torch.softmax(f(task.X[:10]), 1)[torch.arange(10), task.y[:10]]
+            conf_out = torch.softmax(f(task.X_test), 1)[torch.arange(10), task.y_test]
+            thr = conf_in.mean()
+            want_yeom = math.log(float((conf_in >= thr).double().mean()
+                                       + (conf_out < thr).double().mean()))
         assert got["clipbkd"][k] == pytest.approx(want_clip, abs=1e-5)
         assert got["clipbkd_logit"][k] == pytest.approx(want_logit, abs=1e-5)
         assert got["backdoor"][k] == pytest.approx(want_bkd, rel=1e-5)
         assert got["mi"][k] == pytest.approx(want_mi, rel=1e-5, abs=1e-6)
         assert got["test_acc"][k] == pytest.approx(want_acc)
+        assert got["mi_yeom"][k] == pytest.approx(want_yeom)
 
 
 def test_run_cell_shapes_and_independence_of_batching():
