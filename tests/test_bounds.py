@@ -301,3 +301,15 @@ def test_published_maximum_of_jagielski_table_2():
     # perfect test (k = 1) certifies at most 4.54, the value in every eps_th = inf,
     # fixed-init cell.
     assert eps_lb_clopper_pearson(500, 500, 0, 500, alpha=0.01) == pytest.approx(4.54, abs=5e-3)
+
+
+def test_threshold_sits_in_the_middle_of_the_gap_it_chose():
+    """Separated sides: the chosen decision is "score > max(neg)"; the reported threshold
+    is midway to min(pos), so a fresh negative a little above max(neg) is not counted."""
+    neg, pos = np.arange(20.0), np.arange(30.0, 50.0)
+    out = threshold_scan_audit(pos, neg, eps_lb_clopper_pearson, 0.1)
+    assert out.threshold == 24.5 and (out.ct_pos, out.ct_neg) == (20, 0) and out.value > 0
+    fresh_neg = np.r_[np.arange(19.0), 20.0]
+    split = threshold_split_audit(np.r_[pos, pos], np.r_[neg, fresh_neg], eps_lb_clopper_pearson,
+                                  0.1)
+    assert split.threshold == 24.5 and (split.ct_pos, split.ct_neg) == (20, 0)

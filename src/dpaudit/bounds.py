@@ -278,12 +278,23 @@ def _candidates(scores_pos, scores_neg) -> np.ndarray:
     return np.concatenate([[-np.inf], allv[:-1]]) if allv.size else np.array([-np.inf])
 
 
-def _scan(scores_pos, scores_neg, bound: Bound, alpha: float, thresholds) -> ThresholdAudit:
+def _scan(scores_pos, scores_neg, bound: Bound, alpha: float, thresholds,
+          centre: bool = True) -> ThresholdAudit:
+    """The best of ``thresholds`` (ascending distinct scores, ``-inf`` first). Every
+    threshold up to the next score makes the same decisions on these scores; with
+    ``centre`` the middle of that gap is returned, which keeps a margin on fresh trials
+    (the score itself would sit on, e.g., the largest negative score when the sides
+    separate)."""
     ct_pos, ct_neg = _counts_above(scores_pos, scores_neg, thresholds)
     n_pos, n_neg = len(scores_pos), len(scores_neg)
     values = np.atleast_1d(bound(ct_pos, n_pos, ct_neg, n_neg, alpha))
     i = int(np.argmax(values))
-    return ThresholdAudit(float(values[i]), float(thresholds[i]), int(ct_pos[i]), n_pos,
+    threshold = float(thresholds[i])
+    above = np.concatenate([scores_pos, scores_neg])
+    above = above[above > threshold]
+    if centre and np.isfinite(threshold) and above.size:
+        threshold = 0.5 * (threshold + float(above.min()))
+    return ThresholdAudit(float(values[i]), threshold, int(ct_pos[i]), n_pos,
                           int(ct_neg[i]), n_neg)
 
 
@@ -313,7 +324,8 @@ def threshold_split_audit(scores_pos, scores_neg, bound: Bound, alpha: float,
     if min(cut_p, cut_n, len(sp) - cut_p, len(sn) - cut_n) < 1:
         raise ValueError("too few trials to split into selection and evaluation halves")
     chosen = _scan(sp[:cut_p], sn[:cut_n], bound, alpha, _candidates(sp[:cut_p], sn[:cut_n]))
-    return _scan(sp[cut_p:], sn[cut_n:], bound, alpha, np.array([chosen.threshold]))
+    return _scan(sp[cut_p:], sn[cut_n:], bound, alpha, np.array([chosen.threshold]),
+                 centre=False)
 
 
 def threshold_scan_audit(scores_pos, scores_neg, bound: Bound, alpha: float) -> ThresholdAudit:
