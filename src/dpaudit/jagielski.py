@@ -276,7 +276,9 @@ def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
     rows by [JUO20] Lemma 1 with ``delta``), its threshold and counts (``tpr``, ``fpr`` on
     the evaluation trials); ``eps_lb_scan`` (every threshold on all trials, Bonferroni);
     ``mu_lb`` (Gaussian DP, same split) and ``eps_lb_gdp`` = ``eps_from_mu(mu_lb / k,
-    delta)`` (mu-GDP composes over a group as k mu).
+    delta)`` (mu-GDP composes over a group as k mu). ``eps_lb_gdp`` holds only if the
+    models are exactly mu-GDP (Nasr et al. 2023's assumption), which subsampled DP-SGD is
+    not: an estimate, never a certified bound.
     """
     stat = statistic or STATISTICS[attack][0]
     neg = scores.loc[scores.label == 0].sort_values("trial")[stat].to_numpy()
