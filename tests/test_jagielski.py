@@ -225,3 +225,18 @@ def test_cli_train_scores_table_and_saved_models_reproduce_the_scores(tmp_path):
     assert main(["jagielski-train", "--task", str(tmp_path / "task.npz"), "--dataset", "fmnist",
                  "--arch", "lr", "--attack", "mi", "--clip", "1", "--init", "g1", "--eps", "4",
                  "--spec", json.dumps(bad), "--seed", "5", "--out", str(out)]) == 2
+
+
+def test_cli_missing_cifar_is_one_clear_message(tmp_path, capsys):
+    import json
+
+    from dpaudit.cli import main
+
+    data = {"root": str(tmp_path / "nothing"), "download": False, "cifar10_tarball": None,
+            "cifar100_root": None}
+    spec = {"clipbkd_norm": None, "pretrain_epochs": 1, "pretrain_images": 0}
+    code = main(["jagielski-task", "--dataset", "cifar", "--data", json.dumps(data), "--spec",
+                 json.dumps(spec), "--seed", "0", "--out", str(tmp_path / "task.npz")])
+    err = capsys.readouterr().err
+    assert code == 2 and "CIFAR-10 not found" in err and "Traceback" not in err
+    assert str(tmp_path / "nothing") in err and not (tmp_path / "task.npz").exists()

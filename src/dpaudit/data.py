@@ -38,6 +38,8 @@ import numpy as np
 import torch
 import torchvision
 
+from .io import DataNotFound
+
 FMNIST_DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -45,10 +47,6 @@ CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck")
 #: Default data root: ``$DPAUDIT_DATA`` or ``~/.cache/dpaudit/data``.
 DEFAULT_ROOT = Path(os.environ.get("DPAUDIT_DATA", Path.home() / ".cache" / "dpaudit" / "data"))
-
-
-class DataNotFound(FileNotFoundError):
-    """A data set is neither at the configured root nor at any fallback location."""
 
 
 class ImageData(NamedTuple):

@@ -25,6 +25,11 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+class DataNotFound(FileNotFoundError):
+    """A data set is neither at the configured root nor at any fallback location (raised by
+    :mod:`dpaudit.data`; defined here so the CLI can report it without importing torch)."""
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` on success."""

@@ -14,6 +14,7 @@ import json
 import sys
 
 from .. import __version__
+from ..io import DataNotFound
 
 #: Subcommand modules, in help order.
 COMMANDS = ("hw3", "accounting", "ridge", "jagielski", "tramer")
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except SpecError as exc:
         print(f"dpaudit {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    except DataNotFound as exc:
+        print(f"dpaudit {args.command}: {exc}", file=sys.stderr)
         return 2
     return 0
 
