@@ -6,6 +6,8 @@ import os
 
 from snakemake.utils import min_version, validate
 
+from dpaudit.config import SCHEMA_PATH
+
 min_version("9.0")
 
 
@@ -13,7 +15,7 @@ min_version("9.0")
 configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
-validate(config, "config/schema.yaml")
+validate(config, str(SCHEMA_PATH))
 
 
 include: "workflow/rules/common.smk"

@@ -165,11 +165,13 @@ def test_edges_all_none_and_tiny():
 
 
 @pytest.mark.parametrize("args,kw,match", [
-    ((5, 4, 0, 4), {}, "counts"), ((-1, 4, 0, 4), {}, "counts"), ((1, 0, 0, 4), {}, "n_pos"),
+    ((5, 4, 0, 4), {}, "ct_pos"), ((-1, 4, 0, 4), {}, "ct_pos"), ((1, 0, 0, 4), {}, "n_pos"),
     ((1.5, 4, 0, 4), {}, "whole"), ((1, 4, 0, 4), {"alpha": 0.0}, "alpha"),
     ((1, 4, 0, 4), {"alpha": 1.0}, "alpha"), ((1, 4, 0, 4), {"delta": 1.0}, "delta"),
     ((1, 4, 0, 4), {"k": 0}, "k="), ((1, 4, 0, 4), {"k": 1.5}, "k="),
-    ((np.nan, 4, 0, 4), {}, "whole"),
+    ((np.nan, 4, 0, 4), {}, "ct_pos=nan"), ((1, 4, 0, np.inf), {}, "n_neg=inf"),
+    ((1, 4, 0, 4), {"k": np.nan}, "k=nan"), ((1, 4, 0, 4), {"delta": np.nan}, "delta"),
+    ((1, 4, 0, 4), {"alpha": np.nan}, "alpha"), (([], 4, 0, 4), {}, "ct_pos is empty"),
 ])
 def test_invalid_inputs_raise(args, kw, match):
     with pytest.raises(ValueError, match=match):
@@ -177,16 +179,51 @@ def test_invalid_inputs_raise(args, kw, match):
 
 
 def test_invalid_one_run_and_threshold_inputs():
-    with pytest.raises(ValueError, match="v <= r <= m"):
+    with pytest.raises(ValueError, match="r <= m"):
         eps_lb_one_run(10, 11, 1)
     with pytest.raises(ValueError, match="v <= r"):
         eps_lb_one_run(10, 5, 6)
     with pytest.raises(ValueError, match="beta"):
         eps_lb_one_run(10, 5, 5, beta=1.0)
-    with pytest.raises(ValueError, match="finite"):
+    with pytest.raises(ValueError, match="NaN"):
         threshold_scan_audit([0, np.nan], [0, 1], eps_lb_clopper_pearson, 0.05)
     with pytest.raises(ValueError, match="at least 2"):
         threshold_split_audit([0], [0, 1], eps_lb_clopper_pearson, 0.05)
+
+
+@pytest.mark.parametrize("call,match", [
+    # one-run counts: NaN and non-integers were silently 0.0 and 0.726 before
+    (lambda: eps_lb_one_run(100, 100, np.nan), "v=nan"),
+    (lambda: eps_lb_one_run(100, 100, 75.5), "v=75.5"),
+    (lambda: eps_lb_one_run(100.5, 100, 75), "m=100.5"),
+    (lambda: eps_lb_one_run(100, np.inf, 75), "r=inf"),
+    (lambda: eps_lb_one_run(100, 100, 75, delta=1e-5), None),
+    (lambda: eps_lb_one_run(100, 100, 75, delta=np.nan), "delta"),
+    (lambda: clopper_pearson(3, np.nan, 0.05), "n=nan"),
+    (lambda: clopper_pearson(11, 10, 0.05), "0 <= ct <= n"),
+    (lambda: mu_lb_gdp(1, 4, 0.5, 4), "ct_neg=0.5"),
+    (lambda: bounds.delta_from_mu(np.nan, 1.0), "mu=nan"),
+    (lambda: eps_from_mu(np.nan, 1e-5), "mu=nan"),
+    (lambda: threshold_split_audit([], [0, 1], eps_lb_clopper_pearson, 0.05), "scores_pos"),
+    (lambda: threshold_scan_audit([0, 1], [np.nan] * 3, eps_lb_clopper_pearson, 0.05),
+     "scores_neg has 3 NaN"),
+    (lambda: threshold_scan_audit([0, 1], ["a", "b"], eps_lb_clopper_pearson, 0.05),
+     "scores_neg"),
+])
+def test_every_bound_names_its_bad_argument(call, match):
+    if match is None:  # the valid control case
+        assert call() >= 0
+        return
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_infinite_scores_order_like_any_other():
+    """A diverged model's score of -inf is a valid "out" decision, never a NaN threshold."""
+    pos, neg = np.r_[np.full(50, 5.0), np.inf], np.r_[np.zeros(50), -np.inf]
+    res = threshold_scan_audit(pos, neg, eps_lb_clopper_pearson, 0.05)
+    assert res.ct_pos == 51 and res.ct_neg == 0 and np.isfinite(res.threshold)
+    assert res.value == pytest.approx(eps_lb_clopper_pearson(51, 51, 0, 51, 0.05 / 4))
 
 
 # ---- soundness by simulation -----------------------------------------------------

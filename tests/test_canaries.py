@@ -194,3 +194,12 @@ def test_clipbkd_point_on_real_fmnist(tmp_path):
     # make_new.py prints max |<x_i, x_p>|: the poison is nearly orthogonal to every image
     assert np.isclose(np.linalg.norm(x_p), 10, rtol=1e-5) and np.abs(X @ x_p).max() < 0.05
     assert y_p in (0, 1)
+
+
+def test_checkerboard_alternates_between_data_extremes():
+    X = torch.rand(10, 784) * 0.8 + 0.1
+    img = cn.checkerboard(X).reshape(28, 28)
+    lo, hi = X.min(), X.max()
+    i, j = np.indices((28, 28))
+    np.testing.assert_allclose(img.numpy(), np.where((i + j) % 2, hi, lo), rtol=1e-6)
+    assert cn.checkerboard(torch.rand(3, 5)).shape == (5,)

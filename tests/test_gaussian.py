@@ -1,4 +1,5 @@
-"""Gaussian sum mechanism (seed 004 s.2): calibration, chunked scores, audit, CLI, plot."""
+"""Gaussian sum mechanism (section 2 of the HW3 homework of DA 5001/6400, IIT Madras, 2024):
+calibration, chunked scores, audit, CLI, plot."""
 
 import json
 import math
@@ -10,9 +11,9 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import special
 
 from dpaudit import gaussian as ga
-from dpaudit.bounds import eps_lb_one_run
+from dpaudit.bounds import eps_lb_hoeffding, eps_lb_one_run
 from dpaudit.cli import SpecError, main
-from dpaudit.cli.hw3 import check_spec
+from dpaudit.config import validate_section
 from dpaudit.io import read_table
 
 DELTA = 1e-6
@@ -102,6 +103,11 @@ def test_sweep_bounds_bonferroni_closed_form():
     assert res["eps_hat_max"] == pytest.approx(special.logit(beta ** (1 / (2 * K))), rel=1e-9)
     assert res["best_m1"] == K and res["correct"] == 2 * K
     assert 0 < res["eps_lb_delta"] <= res["eps_lb"]
+    # Hoeffding: q* = 1 - sqrt(ln(K/beta) / (2 * 2k)), also largest at k = K
+    q_star = 1 - math.sqrt(math.log(K / beta) / (4 * K))
+    assert res["eps_lb_hoeffding"] == pytest.approx(special.logit(q_star), rel=1e-12)
+    assert res["eps_lb_hoeffding"] == pytest.approx(1.4772, abs=1e-4)
+    assert 0 < res["eps_lb_hoeffding"] < res["eps_lb"]
 
 
 def test_score_distribution_matches_theory():
@@ -130,7 +136,11 @@ def test_audit_is_sound_and_catches_underestimated_noise():
     lb = np.array([r.eps_lb for r in res])            # (reps, 2)
     lb_delta = np.array([r.eps_lb_delta for r in res])
     hw = np.array([r.eps_hat_max for r in res])
+    hoeff = np.array([r.eps_lb_hoeffding for r in res])
     assert np.all(lb <= hw) and np.all(lb_delta <= lb + 1e-12)
+    assert np.all(hoeff >= 0) and np.all(hoeff <= lb + 1e-12)  # Hoeffding is looser
+    assert np.mean(hoeff > truth) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps)
+    assert hoeff[:, 0].mean() > 0.5 * lb[:, 0].mean()  # looser, but the same order
     # a 95% lower bound exceeds the truth in at most 5% of audits (+ binomial slack);
     # the Gaussian one-run audit is far from tight, so in fact never
     assert np.mean(lb_delta > truth) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps)
@@ -159,8 +169,14 @@ def test_cli_writes_table_with_provenance_and_plot_renders(tmp_path):
         assert meta["grid"] == grid
         assert len(df) == 2 * 2 * 2  # 2 values x 2 calibrations x 2 repeats
         for col in ("grid", "eps", "m", "d", "delta", "calibration", "sigma", "true_eps",
-                    "repeat", "seed", "eps_lb", "eps_hat_max", "best_m1"):
+                    "repeat", "seed", "eps_lb", "eps_lb_delta", "eps_lb_hoeffding",
+                    "eps_hat_max", "best_m1"):
             assert col in df.columns
+        for col in ("eps_lb", "eps_lb_delta", "eps_lb_hoeffding", "eps_hat_max"):
+            assert df[col].dtype == float and np.isfinite(df[col]).all(), col
+        assert (df.eps_lb_hoeffding >= 0).all() and (df.eps_lb_delta >= 0).all()
+        assert (df.eps_lb_hoeffding <= df.eps_lb + 1e-12).all()
+        assert (df.eps_lb_delta <= df.eps_lb + 1e-12).all()
         assert set(df.calibration) == {"classical", "analytic"} and (df.grid == grid).all()
         assert (df.seed == 3).all() and (df.eps_lb <= df.eps_hat_max).all()
         out = tmp_path / f"hw3_eps_vs_{grid}.pdf"
@@ -169,7 +185,8 @@ def test_cli_writes_table_with_provenance_and_plot_renders(tmp_path):
     # the point (eps 16, m 16, d 50) is in two grids: same seed, identical draws and bounds
     a, _ = read_table(tmp_path / "hw3_eps_vs_eps.csv")
     b, _ = read_table(tmp_path / "hw3_eps_vs_m.csv")
-    cols = ["calibration", "repeat", "sigma", "eps_lb", "eps_hat_max", "best_m1"]
+    cols = ["calibration", "repeat", "sigma", "eps_lb", "eps_lb_delta", "eps_lb_hoeffding",
+            "eps_hat_max", "best_m1"]
     np.testing.assert_array_equal(a[a.eps == 16][cols].to_numpy(), b[b.m == 16][cols].to_numpy())
 
 
@@ -189,7 +206,7 @@ def test_bad_spec_names_the_key(path, value, message, capsys, tmp_path):
         node = node[key]
     node[path[-1]] = value
     with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        check_spec(spec)
+        validate_section(spec, "hw3")
     out = tmp_path / "t.csv"
     assert main(["hw3-audit", "--grid", "m", "--spec", json.dumps(spec), "--seed", "0",
                  "--out", str(out)]) == 2
@@ -204,3 +221,7 @@ def test_eps_lb_matches_direct_bound_call():
     direct = [eps_lb_one_run(64, 2 * k, counts[k - 1], 0.0, 0.05 / 32) for k in range(1, 33)]
     assert res["eps_lb"] == pytest.approx(max(direct), rel=1e-12)
     assert res["best_m1"] == int(np.argmax(direct)) + 1
+    # eps_lb_hoeffding: the max over k of the closed form at beta / K, chosen independently
+    hoeff = [eps_lb_hoeffding(2 * k, counts[k - 1], 0.05 / 32) for k in range(1, 33)]
+    assert res["eps_lb_hoeffding"] == pytest.approx(max(hoeff), rel=1e-12)
+    assert 0 < res["eps_lb_hoeffding"] <= res["eps_lb"]

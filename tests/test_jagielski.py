@@ -128,7 +128,7 @@ def test_cell_bound_is_clopper_pearson_on_the_evaluation_half():
     ci = stats.binomtest(100, 100).proportion_ci(0.99, "exact")
     p1_lo, p0_hi = ci.low, 1 - ci.low
     want = max(math.log(p1_lo / p0_hi), math.log((1 - p0_hi) / (1 - p1_lo))) / 2
-    assert row["eps_lb"] == pytest.approx(want, rel=1e-9)
+    assert row["eps_lb_best_k"] == pytest.approx(want, rel=1e-9)
     assert row["best_k"] == 2 and row["tpr"] == 1 and row["fpr"] == 0 and row["trials"] == 200
     assert row["eps_lb_bonf"] == pytest.approx(want)  # one k: no correction
     assert row["eps_lb_scan"] > 0 and row["eps_lb_gdp"] > 0
@@ -140,8 +140,8 @@ def test_best_over_k_and_its_bonferroni_version():
     cell = _cell({1: rng.normal(size=400) + 0.5, 4: rng.normal(size=400) + 3.0}, neg)
     row = jagielski.summarize_cell(cell, "clipbkd", alpha=0.01, delta=1e-5)
     per_k = jagielski.audit_scores(cell, "clipbkd", 0.01, 1e-5)
-    assert row["eps_lb"] == pytest.approx(per_k.eps_lb.max()) and row["best_k"] == 4
-    assert 0 < row["eps_lb_bonf"] <= row["eps_lb"]
+    assert row["eps_lb_best_k"] == pytest.approx(per_k.eps_lb.max()) and row["best_k"] == 4
+    assert 0 < row["eps_lb_bonf"] <= row["eps_lb_best_k"]
     split = bounds.threshold_split_audit(cell[cell.k == 4].clipbkd, neg,
                                          lambda *a: bounds.eps_lb_clopper_pearson(*a, 1e-5, 4),
                                          0.01 / 2)
@@ -170,6 +170,37 @@ def test_cell_bounds_are_sound_on_a_gaussian_mechanism():
     assert best > 0.25 * true_eps
 
 
+def test_per_row_mu_lb_holds_at_one_minus_alpha():
+    """Group scores of a per-row mu-GDP mechanism: k canaries shift the statistic by k mu
+    (N(k mu, 1) against N(0, 1)), the group is k mu-GDP. The reported per-row ``mu_lb``
+    must exceed mu in at most about an alpha fraction of cells (the old column, the
+    largest group-level mu over k, had median 2.65 at mu = 0.5 and exceeded it always)."""
+    mu, alpha, T, sims = 0.5, 0.05, 200, 150
+    rng = np.random.default_rng(8)
+    over, values = 0, []
+    for _ in range(sims):
+        cell = _cell({k: rng.normal(size=T) + k * mu for k in (1, 2, 4, 8)}, rng.normal(size=T))
+        row = jagielski.summarize_cell(cell, "clipbkd", alpha, 1e-5)
+        values.append(row["mu_lb"])
+        over += row["mu_lb"] > mu
+    assert over <= stats.binom.ppf(0.999, sims, alpha), over
+    assert np.median(values) > 0.2 * mu  # not vacuous: k = 8 separates well
+    per_k = jagielski.audit_scores(cell, "clipbkd", alpha, 1e-5)
+    assert np.allclose(per_k.mu_lb * per_k.k, per_k.mu_lb_group)
+
+
+@pytest.mark.parametrize("column,value,match", [
+    ("clipbkd", np.nan, "NaN"), ("clipbkd_logit", np.nan, "NaN"),
+])
+def test_nan_scores_are_refused_naming_the_column(column, value, match):
+    rng = np.random.default_rng(9)
+    cell = _cell({1: rng.normal(size=20) + 1}, rng.normal(size=20))
+    cell.loc[3, column] = value
+    with pytest.raises(ValueError, match=match) as err:
+        jagielski.summarize_cell(cell, "clipbkd", 0.05, 1e-5)
+    assert column in str(err.value)
+
+
 def test_paper_table2_values_and_markdown():
     assert jagielski.paper_table2("inf", "fixed", 1.0) == 4.54
     assert jagielski.paper_table2("8", "g2", 2.0) == 0.20
@@ -178,12 +209,13 @@ def test_paper_table2_values_and_markdown():
     assert math.isnan(jagielski.paper_table2("8", "g1", 4.0))
     table = pd.DataFrame({"eps_label": ["inf", "inf", "8"], "init": ["fixed", "g1", "g1"],
                           "clip": [1.0, 1.0, 1.0], "noise": [0.0, 0.0, 1.01],
-                          "eps_lb": [3.2, 0.3, 0.2]})
+                          "eps_lb_best_k": [3.2, 0.3, 0.2], "eps_lb_bonf": [3.1, 0.25, 0.0]})
     table = jagielski.with_paper_table2(table)
     assert list(table.paper_eps_lb) == [4.54, 0.42, 0.25]
     md = jagielski.table2_markdown(table)
-    assert "| inf (0) | 3.20 (4.54) | 0.30 (0.42) |" in md
-    assert "| 8 (1.01) | - | 0.20 (0.25) |" in md
+    assert "| inf (0) | 3.20 (4.54) [3.10] | 0.30 (0.42) [0.25] |" in md
+    assert "| 8 (1.01) | - | 0.20 (0.25) [0.00] |" in md
+    assert "not itself a 99% bound" in md and "init_mult" in md and "2 eps_th" in md
 
 
 def test_theoretical_eps_reproduces_the_papers_calibration():

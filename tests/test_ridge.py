@@ -1,11 +1,12 @@
-"""Private ridge regression (seed 004 s.1): closed form, sensitivity, zCDP, audit."""
+"""Private ridge regression (section 1 of the HW3 homework of DA 5001/6400, IIT Madras, 2024):
+closed form, sensitivity, zCDP, audit.  Derivations: docs/ridge.md."""
 
 import json
 
 import dp_accounting
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import linalg, optimize, stats
 
 from dpaudit import ridge as rg
 from dpaudit.cli import main
@@ -29,6 +30,83 @@ def test_ridge_fit_matches_lstsq_on_augmented_system():
     aug_y = np.concatenate([y, np.zeros(5)])
     ref = np.linalg.lstsq(aug_X, aug_y, rcond=None)[0]
     np.testing.assert_allclose(rg.ridge_fit(X, y, lam), ref, rtol=1e-10, atol=1e-12)
+
+
+def _hessian(X, lam):
+    return X.T @ X + lam * np.eye(X.shape[1])
+
+
+def test_q12_added_point_minimiser_is_augmented_normal_equations():
+    # Q1.2: argmin F(theta) + (x~^T theta - y~)^2 = (H + x~ x~^T)^-1 (b + y~ x~)
+    rng = np.random.default_rng(10)
+    for n, d, lam in [(20, 4, 0.3), (3, 9, 2.0)]:
+        X, y = rng.normal(size=(n, d)), rng.normal(size=n)
+        x, yt = rng.normal(size=d), rng.normal()
+        closed = np.linalg.solve(_hessian(X, lam) + np.outer(x, x), X.T @ y + yt * x)
+        fit = rg.ridge_fit(np.vstack([X, x]), np.append(y, yt), lam)
+        np.testing.assert_allclose(fit, closed, rtol=1e-10, atol=1e-12)
+        # first-order condition of F~: 2 X^T (X theta - y) + 2 x~ (x~^T theta - y~) + 2 lam theta
+        grad = X.T @ (X @ fit - y) + x * (x @ fit - yt) + lam * fit
+        np.testing.assert_allclose(grad, 0.0, atol=1e-10)
+
+
+def test_q14_inverse_hessian_norm_at_most_R_over_lam():
+    rng = np.random.default_rng(11)
+    worst = 0.0
+    for _ in range(200):
+        n, d = int(rng.integers(1, 30)), int(rng.integers(1, 10))
+        lam = float(10 ** rng.uniform(-2, 2))
+        X = rng.normal(size=(n, d)) * rng.uniform(0.01, 3.0)
+        H = _hessian(X, lam)
+        assert np.linalg.eigvalsh(H).min() >= lam * (1 - 1e-12)  # H >= lam I
+        x = rg.clip_rows(rng.normal(size=(1, d)) * rng.uniform(0.1, 3.0), R)[0]  # ||x|| <= R
+        ratio = np.linalg.norm(linalg.solve(H, x, assume_a="pos")) / (R / lam)
+        assert ratio <= 1 + 1e-12
+        worst = max(worst, ratio)
+    assert worst > 0.5  # the bound is not loose by orders of magnitude on this data
+    # attained: x of norm R orthogonal to the rows of X (here d > n) has H^-1 x = x / lam
+    X = rng.normal(size=(3, 6))
+    x = linalg.null_space(X)[:, 0] * R
+    assert np.linalg.norm(linalg.solve(_hessian(X, 0.7), x)) == pytest.approx(R / 0.7, rel=1e-12)
+
+
+def test_q16_removal_uses_the_residual_under_the_larger_model():
+    # With D_large = D_small + {(x, y)} (theta_s, H_s and theta_l, H_l):
+    #   theta_s - theta_l = H_s^-1 x (x^T theta_s - y) / (1 + x^T H_s^-1 x)    (Q1.3)
+    #                     = H_l^-1 x (x^T theta_s - y)                          (a)
+    #                     = H_s^-1 x (x^T theta_l - y)                          (b)
+    rng = np.random.default_rng(12)
+    for n, d, lam in [(15, 4, 0.5), (4, 10, 3.0), (40, 40, 20.0)]:
+        X, y = rng.normal(size=(n, d)), rng.normal(size=n)
+        x, yt = rng.normal(size=d), 2 * rng.normal()
+        t_s = rg.ridge_fit(X, y, lam)
+        t_l = rg.ridge_fit(np.vstack([X, x]), np.append(y, yt), lam)
+        H_s, H_l = _hessian(X, lam), _hessian(X, lam) + np.outer(x, x)
+        c = x @ np.linalg.solve(H_s, x)
+        np.testing.assert_allclose(x @ t_l - yt, (x @ t_s - yt) / (1 + c), rtol=1e-9)
+        for shift in (np.linalg.solve(H_l, x) * (x @ t_s - yt),
+                      np.linalg.solve(H_s, x) * (x @ t_l - yt)):
+            np.testing.assert_allclose(t_s - t_l, shift, rtol=1e-9, atol=1e-12)
+
+
+def test_theta_norm_bound_behind_residual_bound():
+    # ||theta*|| <= ||y|| / (2 sqrt(lam)) (singular values s / (s^2 + lam) <= 1 / (2 sqrt(lam)))
+    rng = np.random.default_rng(13)
+    for _ in range(200):
+        n, d = int(rng.integers(1, 30)), int(rng.integers(1, 10))
+        lam = float(10 ** rng.uniform(-2, 2))
+        X, y = rng.normal(size=(n, d)) * rng.uniform(0.01, 5.0), rng.normal(size=n)
+        assert np.linalg.norm(rg.ridge_fit(X, y, lam)) <= (
+            np.linalg.norm(y) / (2 * np.sqrt(lam)) * (1 + 1e-10))
+    # attained by n rows sqrt(lam / n) e1 with labels B: ||theta*|| = B sqrt(n) / (2 sqrt(lam))
+    lam, n = 9.0, 50
+    X = np.zeros((n, 3))
+    X[:, 0] = np.sqrt(lam / n)
+    theta = rg.ridge_fit(X, np.full(n, B), lam)
+    assert np.linalg.norm(theta) == pytest.approx(B * np.sqrt(n) / (2 * np.sqrt(lam)), rel=1e-12)
+    # M = R max ||theta*|| + B with ||y|| <= B sqrt(n_max): residual_bound's formula
+    assert rg.residual_bound(R, B, lam, n) == pytest.approx(
+        R * B * np.sqrt(n) / (2 * np.sqrt(lam)) + B, rel=1e-14)
 
 
 def test_sherman_morrison_equals_direct_difference():
@@ -125,6 +203,19 @@ def test_zcdp_to_dp_against_dp_accounting():
         rdp.compose(event)
         assert exact == pytest.approx(pld.get_epsilon(delta), abs=2e-3)  # exact profile
         assert exact < rdp.get_epsilon(delta) < bs  # RDP conversion lies in between
+
+
+def test_bun_steinke_conversion_is_the_optimised_renyi_tail_bound():
+    # rho-zCDP: P[L > eps] <= exp((a - 1)(a rho - eps)) for every a > 1 (Markov on
+    # e^{(a-1) L}); at eps_bs = rho + 2 sqrt(rho ln(1/delta)) the best a gives exactly delta.
+    for rho, delta in [(0.05, 1e-5), (0.5, 1e-6), (3.0, 1e-3)]:
+        eps_bs, eps_exact = rg.zcdp_to_dp(rho, delta)
+        best = optimize.minimize_scalar(lambda a: (a - 1) * (a * rho - eps_bs),
+                                        bounds=(1.0, 1e4), method="bounded",
+                                        options={"xatol": 1e-12})
+        assert np.exp(best.fun) == pytest.approx(delta, rel=1e-6)
+        assert best.x == pytest.approx((eps_bs + rho) / (2 * rho), rel=1e-5)
+        assert eps_exact < eps_bs
 
 
 def test_release_clips_and_enforces_size_bound():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import special, stats
 
-from dpaudit import subjects, tramer
+from dpaudit import canaries, subjects, tramer
 from dpaudit.cli import main
 from dpaudit.io import read_table
 
@@ -110,29 +110,44 @@ def test_min_runs_closed_form():
 
 # ---- threshold and canaries --------------------------------------------------------------
 
-def test_select_threshold_separates_and_breaks_ties():
-    tau = tramer.select_threshold(np.array([0.1, 0.2, 0.3]), np.array([1.0, 2.0, 3.0]), 0.5)
+def _tau(val_in, val_out, alpha=ALPHA):
+    return tramer.audit_losses(val_in, val_out, [0.0, 1.0], [0.0, 1.0], EPS, DELTA,
+                               alpha)["threshold"]
+
+
+def test_threshold_separates_and_breaks_ties():
+    tau = _tau(np.array([0.1, 0.2, 0.3]), np.array([1.0, 2.0, 3.0]), 0.5)
     assert tau == pytest.approx(0.65)  # midway between the last "in" and the first "out"
     # Few runs: every bound is 0 at alpha = 1e-10; the tie goes to the largest TPR - FPR.
-    tau = tramer.select_threshold(np.array([0.1, 0.2, 5.0]), np.array([0.15, 3.0, 4.0]))
+    tau = _tau(np.array([0.1, 0.2, 5.0]), np.array([0.15, 3.0, 4.0]))
     assert tau == pytest.approx(1.6)  # TPR 2/3, FPR 1/3 (as at 0.1; the larger tau wins)
 
 
-def test_audit_losses_counts_at_or_below_threshold():
-    row = tramer.audit_losses([0.1, 0.2], [1.0, 2.0], [0.0, 0.5, 0.6, 2.0], [0.3, 5.0, 6.0, 7.0],
+@pytest.mark.parametrize("args,match", [
+    (([np.nan, 0.2], [1.0, 2.0], [0.0, 0.5], [0.3, 5.0]), "val_pos has 1 NaN"),
+    (([0.1, 0.2], [1.0, 2.0], [np.nan] * 2, [np.nan] * 2), "eval_pos has 2 NaN"),
+    (([0.1, 0.2], [1.0, 2.0], [], [0.3]), "eval_pos has 0 scores"),
+    (([0.1, 0.2], [], [0.1], [0.3]), "val_neg has 0 scores"),
+])
+def test_audit_losses_refuses_nan_and_empty_losses(args, match):
+    """All-NaN losses used to give threshold NaN and "no violation detected"; empty
+    evaluation arrays a ZeroDivisionError."""
+    with pytest.raises(ValueError, match=match):
+        tramer.audit_losses(*args, EPS, DELTA)
+
+
+def test_infinite_losses_of_diverged_runs_count_as_out():
+    row = tramer.audit_losses([0.1, 0.2], [np.inf, 2.0], [0.0, np.inf], [np.inf, 7.0], EPS,
+                              DELTA, alpha=0.5)
+    assert (row["ct_pos"], row["ct_neg"]) == (1, 0) and np.isfinite(row["threshold"])
+
+
+def test_audit_losses_counts_below_threshold():
+    row = tramer.audit_losses([0.1, 0.2], [1.0, 2.0], [0.0, 0.5, 0.59, 2.0], [0.3, 5.0, 6.0, 7.0],
                               EPS, DELTA, alpha=0.5)
     assert row["threshold"] == pytest.approx(0.6)
     assert (row["ct_pos"], row["ct_neg"]) == (3, 1)
     assert (row["tpr"], row["fpr"]) == (0.75, 0.25)
-
-
-def test_checkerboard_alternates_between_data_extremes():
-    X = torch.rand(10, 784) * 0.8 + 0.1
-    img = tramer.checkerboard(X).reshape(28, 28)
-    lo, hi = X.min(), X.max()
-    i, j = np.indices((28, 28))
-    np.testing.assert_allclose(img.numpy(), np.where((i + j) % 2, hi, lo), rtol=1e-6)
-    assert tramer.checkerboard(torch.rand(3, 5)).shape == (5,)
 
 
 def test_predict_with_wrong_shape_is_a_contract_error():
@@ -154,7 +169,7 @@ def test_buggy_violates_its_claim_and_fixed_does_not():
     X, y = _image_like()
     spec = {"epochs": 10, "batch_size": 400, "lr": 4000.0, "clip": 0.01, "eps": EPS,
             "delta": DELTA, "n": len(X)}
-    canary = tramer.make_canary("checkerboard", X, y)
+    canary = canaries.make_canary("checkerboard", X, y)
     rows = {}
     for name in ("buggy", "fixed"):
         rows[name], losses = tramer.audit_implementation(
@@ -170,7 +185,7 @@ def test_user_function_by_module_path(user_module):
     """The exact Gaussian mechanism: flagged only with the 1/n bug; ClipBKD canary."""
     X, y = _image_like(100, 4, 4, seed=1)
     sigma = 1 / tramer.mu_claimed(EPS, DELTA)
-    canary = tramer.make_canary("clipbkd", X, y)
+    canary = canaries.make_canary("clipbkd", X, y)
     assert canary.label in (0, 1) and float(canary.x.norm()) == pytest.approx(10.0)
     verdicts = {}
     for bug in (True, False):

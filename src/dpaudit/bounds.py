@@ -20,6 +20,8 @@ References
   Machine Learning. USENIX Security 2023 (the GDP audit; seed 000).
 - [SNJ23] Steinke, Nasr, Jagielski. Privacy Auditing with One (1) Training Run. NeurIPS
   2023: Theorem 1 / seed 004 eq. (1) (pure eps) and Appendix D (eps, delta).
+- [MMC25] Mahloujifar, Melis, Chaudhuri. Auditing f-Differential Privacy in One Run.
+  ICML 2025 (arXiv:2410.22235): the one-run guessing-game bound for any f-DP curve.
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ __all__ = [
     "eps_from_mu",
     "delta_from_mu",
     "eps_lb_one_run",
+    "mu_lb_one_run_gdp",
+    "eps_lb_one_run_fdp",
+    "eps_lb_hoeffding",
+    "scores_array",
     "ThresholdAudit",
+    "threshold_holdout_audit",
     "threshold_split_audit",
     "threshold_scan_audit",
 ]
@@ -47,17 +54,41 @@ def _scalar_or_array(x: np.ndarray):
     return float(x) if np.ndim(x) == 0 else x
 
 
+def _whole(name: str, value) -> np.ndarray:
+    """``value`` as int64 if every entry is a finite whole number; else a ValueError naming
+    the argument (NaN, infinities, 75.5, strings and empty arrays are refused)."""
+    a = np.asarray(value)
+    if a.size == 0:
+        raise ValueError(f"{name} is empty")
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.number):
+        raise ValueError(f"{name}={value!r}: must be a whole number")
+    if not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
+        raise ValueError(f"{name}={value!r}: must be a finite whole number")
+    return a.astype(np.int64)
+
+
 def _check_counts(ct_pos, n_pos, ct_neg, n_neg):
-    arrays = [np.asarray(a) for a in (ct_pos, n_pos, ct_neg, n_neg)]
-    for name, a in zip(("ct_pos", "n_pos", "ct_neg", "n_neg"), arrays):
-        if not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
-            raise ValueError(f"{name} must be whole numbers, got {a!r}")
-    ct_pos, n_pos, ct_neg, n_neg = (a.astype(np.int64) for a in arrays)
-    if np.any(n_pos < 1) or np.any(n_neg < 1):
-        raise ValueError("n_pos and n_neg must be >= 1")
-    if np.any((ct_pos < 0) | (ct_pos > n_pos)) or np.any((ct_neg < 0) | (ct_neg > n_neg)):
-        raise ValueError("counts must satisfy 0 <= ct_pos <= n_pos and 0 <= ct_neg <= n_neg")
+    ct_pos, n_pos, ct_neg, n_neg = (_whole(name, a) for name, a in
+                                    zip(("ct_pos", "n_pos", "ct_neg", "n_neg"),
+                                        (ct_pos, n_pos, ct_neg, n_neg)))
+    for ct, n, side in ((ct_pos, n_pos, "pos"), (ct_neg, n_neg, "neg")):
+        if np.any(n < 1):
+            raise ValueError(f"n_{side}={n!r}: must be >= 1")
+        if np.any((ct < 0) | (ct > n)):
+            raise ValueError(f"ct_{side}={ct!r}: must satisfy 0 <= ct_{side} <= n_{side}")
     return ct_pos, n_pos, ct_neg, n_neg
+
+
+def _check_k(k) -> int:
+    k = _whole("k", k)
+    if k.ndim or k < 1:
+        raise ValueError(f"k={k!r}: must be an integer >= 1 (the number of inserted canaries)")
+    return int(k)
+
+
+def _check_delta(delta: float) -> None:
+    if not 0.0 <= delta < 1.0:
+        raise ValueError(f"delta={delta!r}: must lie in [0, 1)")
 
 
 def _check_level(name: str, value: float) -> None:
@@ -73,7 +104,11 @@ def clopper_pearson(ct, n, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     ``hi = 1`` at ``ct = n``; the same interval as
     ``scipy.stats.binomtest(ct, n).proportion_ci(1 - alpha, "exact")``, vectorized.
     """
-    ct, n = np.asarray(ct, dtype=float), np.asarray(n, dtype=float)
+    ct, n = _whole("ct", ct), _whole("n", n)
+    if np.any(n < 1) or np.any((ct < 0) | (ct > n)):
+        raise ValueError(f"ct={ct!r}, n={n!r}: need n >= 1 and 0 <= ct <= n")
+    _check_level("alpha", alpha)
+    ct, n = ct.astype(float), n.astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         lo = np.where(ct > 0, stats.beta.ppf(alpha / 2, ct, n - ct + 1), 0.0)
         hi = np.where(ct < n, stats.beta.ppf(1 - alpha / 2, ct + 1, n - ct), 1.0)
@@ -133,14 +168,12 @@ def eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.01,
     """
     ct_pos, n_pos, ct_neg, n_neg = _check_counts(ct_pos, n_pos, ct_neg, n_neg)
     _check_level("alpha", alpha)
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta={delta!r}: must lie in [0, 1)")
-    if int(k) != k or k < 1:
-        raise ValueError(f"k={k!r}: must be an integer >= 1 (the number of inserted canaries)")
+    _check_delta(delta)
+    k = _check_k(k)
     p1_lo, _ = clopper_pearson(ct_pos, n_pos, alpha)
     _, p0_hi = clopper_pearson(ct_neg, n_neg, alpha)
-    eps = np.maximum(_eps_from_rates(p1_lo, p0_hi, delta, int(k)),
-                     _eps_from_rates(1 - p0_hi, 1 - p1_lo, delta, int(k)))
+    eps = np.maximum(_eps_from_rates(p1_lo, p0_hi, delta, k),
+                     _eps_from_rates(1 - p0_hi, 1 - p1_lo, delta, k))
     return _scalar_or_array(eps)
 
 
@@ -167,6 +200,8 @@ def delta_from_mu(mu: float, eps: float) -> float:
 
     [DRS19] Corollary 2.13; evaluated in log space so large eps does not overflow.
     """
+    if np.isnan(mu) or np.isnan(eps):
+        raise ValueError(f"mu={mu!r}, eps={eps!r}: must be numbers, not NaN")
     if mu <= 0:
         return 0.0
     a = special.log_ndtr(-eps / mu + mu / 2)
@@ -210,6 +245,16 @@ def _one_run_pvalue(m: int, r: int, v: int, eps: float, delta: float) -> float:
     return min(float(tail + 2 * m * delta * alpha), 1.0)
 
 
+def _one_run_counts(m, r, v):
+    """m, r, v of a one-run audit as int64 arrays: whole numbers with 0 <= v <= r <= m."""
+    m, r, v = _whole("m", m), _whole("r", r), _whole("v", v)
+    if np.any(r < 0) or np.any(r > m):
+        raise ValueError(f"r={r!r}: must satisfy 0 <= r <= m (m={m!r})")
+    if np.any(v < 0) or np.any(v > r):
+        raise ValueError(f"v={v!r}: must satisfy 0 <= v <= r (r={r!r})")
+    return m, r, v
+
+
 def eps_lb_one_run(m, r, v, delta: float = 0.0, beta: float = 0.05):
     """One-run audit bound of [SNJ23]: m canaries, r guesses (the rest abstain), v correct.
 
@@ -220,12 +265,9 @@ def eps_lb_one_run(m, r, v, delta: float = 0.0, beta: float = 0.05):
     ``delta > 0``: the largest eps at which the Appendix D p-value is still below beta,
     by bisection as in the authors' ``get_eps_audit``.  Broadcasts over m, r, v.
     """
-    m, r, v = np.broadcast_arrays(*(np.asarray(a) for a in (m, r, v)))
-    if np.any(v < 0) or np.any(v > r) or np.any(r > m) or np.any(r < 0):
-        raise ValueError("need 0 <= v <= r <= m")
+    m, r, v = np.broadcast_arrays(*_one_run_counts(m, r, v))
     _check_level("beta", beta)
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta={delta!r}: must lie in [0, 1)")
+    _check_delta(delta)
     if delta == 0.0:
         with np.errstate(divide="ignore", invalid="ignore"):
             q = np.where(v > 0, stats.beta.ppf(beta, np.maximum(v, 1), r - v + 1), 0.0)
@@ -244,6 +286,42 @@ def eps_lb_one_run(m, r, v, delta: float = 0.0, beta: float = 0.05):
             lo, hi = (mid, hi) if _one_run_pvalue(mi, ri, vi, mid, delta) < beta else (lo, mid)
         out[idx] = lo
     return _scalar_or_array(out)
+
+
+def eps_lb_hoeffding(r, v, beta: float = 0.05):
+    """Closed-form (looser) pure-eps one-run bound from Hoeffding's inequality.
+
+    The homework's optional exercise (HW3 of DA 5001/6400, IIT Madras, 2024, Thm. 2):
+    eps-DP gives ``P[N_correct >= t] <= P[Bin(r, q) >= t]`` with
+    ``q = e^eps / (1 + e^eps)``, and Hoeffding gives
+    ``P[Bin(r, q) >= v] <= exp(-2 r (v/r - q)^2)`` for ``v/r > q``.  Setting the right
+    side to ``beta`` gives ``q* = v/r - sqrt(ln(1/beta) / (2 r))``; every eps with
+    ``q(eps) <= q*`` is rejected at level ``beta``, so ``eps = logit(q*)`` (0 when
+    ``q* <= 1/2``) is a lower bound valid with probability ``1 - beta``.  It never exceeds
+    the exact binomial bound :func:`eps_lb_one_run` ``(m, r, v, 0, beta)``.  Broadcasts
+    over ``r`` and ``v`` (``r`` guesses, ``v`` of them correct).
+    """
+    r, v = np.broadcast_arrays(np.asarray(r), np.asarray(v))
+    for name, a in (("r", r), ("v", v)):
+        if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
+            raise ValueError(f"{name}={a!r}: must be real whole numbers")
+        if not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
+            raise ValueError(f"{name}={a!r}: must be finite whole numbers")
+    if np.any(r < 1):
+        raise ValueError(f"r={r!r}: must be >= 1 (the number of guesses)")
+    if np.any(v < 0) or np.any(v > r):
+        raise ValueError(f"v={v!r}: must satisfy 0 <= v <= r")
+    try:
+        ok = np.ndim(beta) == 0 and 0.0 < float(beta) < 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"beta={beta!r}: must lie strictly between 0 and 1")
+    r, v = r.astype(float), v.astype(float)
+    q = v / r - np.sqrt(np.log(1.0 / beta) / (2.0 * r))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eps = np.where(q > 0.5, special.logit(np.clip(q, 0.5, 1.0)), 0.0)
+    return _scalar_or_array(eps)
 
 
 # ---- choosing the decision threshold -------------------------------------------------
@@ -278,33 +356,50 @@ def _candidates(scores_pos, scores_neg) -> np.ndarray:
     return np.concatenate([[-np.inf], allv[:-1]]) if allv.size else np.array([-np.inf])
 
 
+#: How :func:`threshold_holdout_audit` breaks ties between equally good thresholds.
+TIES = ("first", "youden")
+
+
 def _scan(scores_pos, scores_neg, bound: Bound, alpha: float, thresholds,
-          centre: bool = True) -> ThresholdAudit:
+          centre: bool = True, ties: str = "first") -> ThresholdAudit:
     """The best of ``thresholds`` (ascending distinct scores, ``-inf`` first). Every
     threshold up to the next score makes the same decisions on these scores; with
     ``centre`` the middle of that gap is returned, which keeps a margin on fresh trials
     (the score itself would sit on, e.g., the largest negative score when the sides
-    separate)."""
+    separate). Ties: the lowest threshold (``"first"``) or the largest TPR - FPR."""
     ct_pos, ct_neg = _counts_above(scores_pos, scores_neg, thresholds)
     n_pos, n_neg = len(scores_pos), len(scores_neg)
     values = np.atleast_1d(bound(ct_pos, n_pos, ct_neg, n_neg, alpha))
-    i = int(np.argmax(values))
+    if ties == "youden":
+        youden = np.broadcast_to(ct_pos / n_pos - ct_neg / n_neg, values.shape)
+        i = int(np.lexsort((-np.arange(values.size), youden, values))[-1])
+    else:
+        i = int(np.argmax(values))
     threshold = float(thresholds[i])
     above = np.concatenate([scores_pos, scores_neg])
     above = above[above > threshold]
-    if centre and np.isfinite(threshold) and above.size:
+    if centre and np.isfinite(threshold) and above.size and np.isfinite(above.min()):
         threshold = 0.5 * (threshold + float(above.min()))
     return ThresholdAudit(float(values[i]), threshold, int(ct_pos[i]), n_pos,
                           int(ct_neg[i]), n_neg)
 
 
+def scores_array(name: str, scores, min_size: int = 1) -> np.ndarray:
+    """``scores`` as a flat float array; a ValueError naming ``name`` if it has fewer than
+    ``min_size`` entries or a NaN (infinite scores order like any other)."""
+    try:
+        a = np.asarray(scores, dtype=float).ravel()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: must be numbers ({exc})") from None
+    if a.size < min_size:
+        raise ValueError(f"{name} has {a.size} scores: need at least {min_size}")
+    if np.isnan(a).any():
+        raise ValueError(f"{name} has {int(np.isnan(a).sum())} NaN scores (of {a.size})")
+    return a
+
+
 def _as_scores(scores_pos, scores_neg):
-    sp, sn = (np.asarray(s, dtype=float).ravel() for s in (scores_pos, scores_neg))
-    if sp.size < 2 or sn.size < 2:
-        raise ValueError("need at least 2 scores on each side")
-    if not (np.all(np.isfinite(sp)) and np.all(np.isfinite(sn))):
-        raise ValueError("scores must be finite")
-    return sp, sn
+    return scores_array("scores_pos", scores_pos, 2), scores_array("scores_neg", scores_neg, 2)
 
 
 def threshold_split_audit(scores_pos, scores_neg, bound: Bound, alpha: float,
@@ -323,9 +418,25 @@ def threshold_split_audit(scores_pos, scores_neg, bound: Bound, alpha: float,
     cut_p, cut_n = int(len(sp) * select_frac), int(len(sn) * select_frac)
     if min(cut_p, cut_n, len(sp) - cut_p, len(sn) - cut_n) < 1:
         raise ValueError("too few trials to split into selection and evaluation halves")
-    chosen = _scan(sp[:cut_p], sn[:cut_n], bound, alpha, _candidates(sp[:cut_p], sn[:cut_n]))
-    return _scan(sp[cut_p:], sn[cut_n:], bound, alpha, np.array([chosen.threshold]),
-                 centre=False)
+    return threshold_holdout_audit(sp[:cut_p], sn[:cut_n], sp[cut_p:], sn[cut_n:], bound, alpha)
+
+
+def threshold_holdout_audit(val_pos, val_neg, eval_pos, eval_neg, bound: Bound, alpha: float,
+                            ties: str = "first") -> ThresholdAudit:
+    """Choose the threshold on validation trials, evaluate the bound on independent ones.
+
+    Over every distinct decision "score > t" on the validation scores, the threshold
+    maximizing ``bound`` at ``alpha`` (ties: ``"first"``, the lowest threshold, or
+    ``"youden"``, the largest validation TPR - FPR); ``bound`` is then evaluated at that
+    threshold on the evaluation trials alone, which the choice never saw, so it holds at
+    ``1 - alpha`` with no correction.  The returned counts are the evaluation counts.
+    """
+    vp, vn = scores_array("val_pos", val_pos), scores_array("val_neg", val_neg)
+    ep, en = scores_array("eval_pos", eval_pos), scores_array("eval_neg", eval_neg)
+    if ties not in TIES:
+        raise ValueError(f"ties={ties!r}: must be one of {TIES}")
+    chosen = _scan(vp, vn, bound, alpha, _candidates(vp, vn), ties=ties)
+    return _scan(ep, en, bound, alpha, np.array([chosen.threshold]), centre=False)
 
 
 def threshold_scan_audit(scores_pos, scores_neg, bound: Bound, alpha: float) -> ThresholdAudit:
@@ -338,3 +449,170 @@ def threshold_scan_audit(scores_pos, scores_neg, bound: Bound, alpha: float) -> 
     sp, sn = _as_scores(scores_pos, scores_neg)
     thresholds = _candidates(sp, sn)
     return _scan(sp, sn, bound, alpha / len(thresholds), thresholds)
+
+
+# ---- one-run audits in f-DP (Mahloujifar et al. 2025) ----
+# [MMC25] (see the module docstring): the bound on P[at least v of r guesses correct] for an
+# f-DP mechanism, by a recursion over the number of correct guesses, turned into audits.
+
+
+def _fdp_whole(name: str, value) -> int:
+    """``value`` as a Python int if it is a finite whole scalar; else a ValueError naming it."""
+    a = np.asarray(value)
+    if a.ndim != 0 or a.dtype.kind not in "iuf":  # bools, strings, objects, arrays refused
+        raise ValueError(f"{name}={value!r}: must be a whole number (an int or float scalar)")
+    if a.dtype.kind == "f" and (not np.isfinite(a) or a != np.floor(a)):
+        raise ValueError(f"{name}={value!r}: must be a finite whole number")
+    return int(a)
+
+
+def _fdp_level(name: str, value, closed_below: bool = False) -> float:
+    """``value`` as a float in (0, 1) (``[0, 1)`` with ``closed_below``); else a ValueError."""
+    a = np.asarray(value)
+    if a.ndim != 0 or a.dtype.kind not in "iuf":
+        raise ValueError(f"{name}={value!r}: must be a number (a scalar)")
+    x = float(a)
+    if not ((0.0 <= x if closed_below else 0.0 < x) and x < 1.0):  # NaN fails too
+        span = "[0, 1)" if closed_below else "(0, 1)"
+        raise ValueError(f"{name}={value!r}: must lie in {span}")
+    return x
+
+
+def _fdp_check_counts(m, r, v) -> tuple[int, int, int]:
+    m, r, v = _fdp_whole("m", m), _fdp_whole("r", r), _fdp_whole("v", v)
+    if m < 1:
+        raise ValueError(f"m={m!r}: must be >= 1 (the number of canaries)")
+    if r < 0 or r > m:
+        raise ValueError(f"r={r!r}: must satisfy 0 <= r <= m={m}")
+    if v < 0 or v > r:
+        raise ValueError(f"v={v!r}: must satisfy 0 <= v <= r={r}")
+    return m, r, v
+
+
+def _fdp_one_run_rejects(inv_blowup: Callable[[np.ndarray], np.ndarray], n: int, m: int,
+                         r: int, v: int, beta: float) -> np.ndarray:
+    """Does the [MMC25] analysis reject each of ``n`` hypothesised trade-off functions?
+
+    ``inv_blowup(y)`` maps an array of ``n`` probabilities (one per hypothesis) to
+    ``f(1 - y)``: the least probability an event can have under one neighbouring input when
+    it has probability ``y`` under the other.  Returns a boolean array: True where "the
+    mechanism is f-DP" and "at least ``v`` of ``r`` guesses correct with probability
+    ``>= beta``" contradict each other, i.e. where f-DP is rejected at level ``beta``.
+    """
+    cap = r / m  # P[the uniformly drawn canary I is guessed] exactly: r guesses always
+    # state at level v: mass beta placed at exactly v correct (the extremal case)
+    corr = np.full(n, beta * v / m)
+    wrong = np.full(n, beta * (r - v) / m)
+    for i in range(v - 1, -1, -1):
+        need = inv_blowup(np.minimum(corr, 1.0)) - wrong
+        live = (need > 0.0) & (corr + wrong <= cap)
+        if not live.any():  # every hypothesis frozen (need <= 0 stays so) or already over
+            break
+        np.maximum(need, 0.0, out=need)
+        corr += (i / (r - i)) * need
+        wrong += need
+    return corr + wrong > cap
+
+
+def _fdp_largest_rejected(inv_blowup_factory, m: int, r: int, v: int, beta: float,
+                          lo: float = 1e-6, hi: float = 100.0, n: int = 256,
+                          refine: int = 2) -> float:
+    """Lower end of the bracket of the smallest parameter NOT rejected (0.0 if ``lo`` is not).
+
+    ``inv_blowup_factory(params)`` returns the vectorised ``y -> f_param(1 - y)`` for an
+    array of parameters, the trade-off growing weaker as the parameter grows (rejection is
+    then monotone: a prefix of any increasing grid).  One geometric grid of ``n`` points on
+    ``[lo, hi]``, then ``refine`` linear grids inside the bracket (relative precision about
+    ``1e-6`` with the defaults).  The answer is the largest grid value below the first
+    non-rejected one: all smaller tested values were rejected, so it never overshoots.
+    Values above ``hi`` are reported as ``hi``.
+    """
+    if v == 0:
+        return 0.0
+    grid = np.geomspace(lo, hi, n)
+    for _ in range(refine + 1):
+        rej = _fdp_one_run_rejects(inv_blowup_factory(grid), grid.size, m, r, v, beta)
+        j = int(np.argmin(rej)) if not rej.all() else grid.size
+        if j == 0:  # only in the first round: later grids start at a rejected value
+            return 0.0
+        if j == grid.size:
+            return float(grid[-1])
+        grid = np.linspace(grid[j - 1], grid[j], n)[:-1]  # grid[j-1] is rejected, grid[j] not
+    return float(grid[0])  # rejected; the next grid value up was not
+
+
+def mu_lb_one_run_gdp(m, r, v, beta: float = 0.05) -> float:
+    """One-run audit of mu-GDP by the analysis of [MMC25]: the largest mu rejected at ``beta``.
+
+    Setting as in :func:`eps_lb_one_run`: ``m`` canaries, each included independently with
+    probability 1/2, the auditor guesses in/out on ``r`` of them (abstains on the rest) and
+    ``v`` guesses are correct.  The hypothesis "the mechanism is mu-GDP", i.e. ``f``-DP with
+    ``f = G_mu``, ``G_mu(x) = Phi(Phi^{-1}(1 - x) - mu)`` ([DRS19]), is rejected when the
+    [MMC25] bound on ``P[at least v of r guesses correct]`` under f-DP is below ``beta``.
+
+    The bound ([MMC25], guessing game, computed by a recursion over the number of correct
+    guesses).  Draw a canary ``I`` uniformly from the ``m``, let ``T`` be the number of
+    correct guesses and, for ``i = 0..r``, ``C_i = P[I guessed right and T >= i]``,
+    ``W_i = P[I guessed wrong and T >= i]``.  Exactly ``r`` guesses are made, so
+    (1) ``C_0 + W_0 = r / m``, and since ``T = i`` means ``i`` right and ``r - i`` wrong
+    guesses, (2) ``C_i - C_{i+1} = i / (r - i) * (W_i - W_{i+1})``.  Flipping canary ``I``'s
+    membership turns a right guess with ``T >= i + 1`` into a wrong one with ``T >= i``;
+    f-DP for that neighbouring pair and convexity of ``y -> f(1 - y)`` (Jensen over ``I``,
+    the other canaries and the two memberships) give (3) ``W_i >= f(1 - C_{i+1})``, and
+    trivially ``W_i >= W_{i+1}``.  If ``P[T >= v] >= beta`` then, with that mass put at
+    exactly ``v`` correct, the recursion from ``C_v = beta v / m``,
+    ``W_v = beta (r - v) / m`` downwards, taking at each ``i = v-1, ..., 0`` the least
+    ``W_i = max(W_{i+1}, f(1 - C_{i+1}))`` that (3) allows and ``C_i`` from (2), yields the
+    least total mass any f-DP mechanism needs; if ``C_0 + W_0 > r / m`` this contradicts
+    (1), so ``P[T >= v] < beta`` under f-DP.  (That this greedy recursion is the optimum of
+    constraints (1)-(3) was checked against a linear program in ``tests/test_bounds_fdp.py``.)
+    Rejection is monotone in mu (``G_mu`` decreases in mu), so the boundary is found on a
+    geometric grid refined twice (relative precision ~1e-6; values above 100 read as 100),
+    every grid point evaluated at once: one vectorised pass of the recursion per grid.
+
+    Returns the largest mu rejected (the lower end of the last bracket), 0.0 when nothing is
+    rejected (e.g. ``v <= r / 2`` at ``beta < 1/2``).  With probability at least
+    ``1 - beta`` the mechanism is not mu'-GDP for any mu' below it.  ``eps_from_mu(mu, delta)``
+    of the result is only an *estimate* of epsilon at delta: it assumes the mechanism's
+    trade-off curve has the GDP shape, and is not a certified bound; for a certified lower
+    bound on epsilon at delta use :func:`eps_lb_one_run_fdp`.  Scalar arguments
+    (numpy integers accepted); a ValueError names any bad argument.
+    """
+    m, r, v = _fdp_check_counts(m, r, v)
+    beta = _fdp_level("beta", beta)
+
+    def factory(mu: np.ndarray):
+        return lambda y: special.ndtr(special.ndtri(y) - mu)
+
+    return _fdp_largest_rejected(factory, m, r, v, beta)
+
+
+def eps_lb_one_run_fdp(m, r, v, delta: float, beta: float = 0.05) -> float:
+    """One-run audit of (eps, delta)-DP by the f-DP analysis of [MMC25]: certified eps_LB.
+
+    Same setting and recursion as :func:`mu_lb_one_run_gdp`, with the trade-off function of
+    (eps, delta)-DP, ``f(x) = max(0, 1 - delta - e^eps x, e^-eps (1 - delta - x))``, i.e.
+    ``f(1 - y) = max(0, e^-eps (y - delta), 1 - delta - e^eps (1 - y))`` in the recursion.
+    Returns the largest eps at which (eps, delta)-DP is rejected at level ``beta`` (0.0 if
+    none), on a geometric grid refined twice (relative precision ~1e-6; capped at 100): with
+    probability at least ``1 - beta`` the mechanism is not (eps', delta)-DP for any eps'
+    below it, a certified lower bound on epsilon at this delta.
+
+    Compared with [SNJ23] (:func:`eps_lb_one_run`): at ``delta > 0`` the recursion uses the
+    (eps, delta) curve directly instead of the ``2 m delta`` correction of their Appendix D
+    and is typically tighter; at ``delta = 0`` it cannot beat [SNJ23], whose binomial tail
+    is attained by randomized response (they agree at ``v = r``: ``eps = logit(beta^(1/r))``).
+    Nothing is rejected when ``beta <= delta`` (a mechanism that reveals every canary with
+    probability delta is (0, delta)-DP).  Scalar arguments (numpy integers accepted); a
+    ValueError names any bad argument.
+    """
+    m, r, v = _fdp_check_counts(m, r, v)
+    delta = _fdp_level("delta", delta, closed_below=True)
+    beta = _fdp_level("beta", beta)
+
+    def factory(eps: np.ndarray):
+        up, down = np.exp(eps), np.exp(-eps)
+        return lambda y: np.maximum(np.maximum(down * (y - delta), 1.0 - delta - up * (1.0 - y)),
+                                    0.0)
+
+    return _fdp_largest_rejected(factory, m, r, v, beta)

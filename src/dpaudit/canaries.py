@@ -15,6 +15,8 @@ the bound divides by ``k``, group privacy).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
@@ -247,3 +249,65 @@ def yeom_mi_eps(losses_in, losses_out) -> np.ndarray:
     tpr = (conf_in >= thresh).mean(axis=-1)
     tnr = (conf_out < thresh).mean(axis=-1)
     return np.log(tpr + tnr)
+
+
+# ---------------------------------------------- input canaries of Tramer et al. 2022
+
+#: Kinds of :func:`make_canary`.
+INPUT_CANARIES = ("checkerboard", "clipbkd")
+
+
+@dataclass(frozen=True)
+class Canary:
+    """The inserted example: features ``x`` (d,), and its label (None: chosen on validation)."""
+
+    kind: str
+    x: torch.Tensor
+    label: int | None = None
+
+
+def checkerboard(X: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """The checkerboard image of seed 000: pixels alternate between the data's min and max.
+
+    ``shape`` is the image shape of a row of ``X`` (default: square if ``d`` is a square,
+    else a line).  Using the data's own range keeps the canary in the input domain
+    whatever the preprocessing.  The alternating part of the pattern is nearly orthogonal
+    to natural images, so a model can fit an arbitrary label on it at little cost on the
+    rest of the data (seed 000: "insert a unique image which the model is likely to
+    memorize"); its mean brightness is shared with the data, which resists.
+    """
+    d = X.shape[1]
+    if shape is None:
+        side = math.isqrt(d)
+        shape = (side, side) if side * side == d else (d,)
+    if math.prod(shape) != d:
+        raise ValueError(f"checkerboard shape {shape} does not have d={d} pixels")
+    grids = torch.meshgrid(*(torch.arange(s) for s in shape), indexing="ij")
+    pattern = (sum(grids) % 2).to(X.dtype).reshape(d)
+    lo, hi = X.min(), X.max()
+    return lo + (hi - lo) * pattern
+
+
+def make_canary(kind: str, X: torch.Tensor, y: torch.Tensor, label: int | None = None,
+                clipbkd_norm: float = 10.0) -> Canary:
+    """The canary ``kind`` ('checkerboard' or 'clipbkd') for data (X, y).
+
+    'clipbkd' is ClipBKD of Jagielski et al. 2020 (seed 003, Algorithm 4) from
+    :func:`dpaudit.canaries.clipbkd_point`: ``clipbkd_norm`` times the data's direction of
+    least variance, labelled with the class a logistic regression fitted on (X, y) finds
+    least likely.  For the checkerboard, ``label=None`` leaves the label to
+    :func:`least_likely_label` on the validation runs; a given ``label`` overrides both.
+    """
+    if kind == "checkerboard":
+        return Canary(kind, checkerboard(X).to(torch.float32), label)
+    if kind == "clipbkd":
+        x, y_p = clipbkd_point(X.numpy(), y.numpy(), clipbkd_norm)
+        x = torch.as_tensor(x, dtype=torch.float32)
+        return Canary(kind, x, y_p if label is None else label)
+    raise ValueError(f"canary={kind!r}: must be one of {list(INPUT_CANARIES)}")
+
+
+def least_likely_label(log_probs: np.ndarray) -> int:
+    """The "incorrect label" of seed 000: the class the models trained *without* the
+    canary find least likely for it (lowest mean probability over runs)."""
+    return int(np.argmin(np.exp(log_probs).mean(axis=0)))

@@ -1,4 +1,6 @@
-"""Gaussian sum mechanism: noise calibration and one-run audits (seed 004, HW3 section 2).
+"""Gaussian sum mechanism: noise calibration and one-run audits (HW3 section 2).
+
+Source: the HW3 homework of DA 5001/6400 (IIT Madras, 2024), section 2 (Q2.1-Q2.3).
 
 Mechanism.  Inputs lie in the unit ball of R^d, ``A(D) = sum_{x in D} x`` has L2
 sensitivity 1, and the Gaussian mechanism releases ``A(D) + N(0, sigma^2 I_d)``.
@@ -15,7 +17,7 @@ which is the profile of mu-GDP with ``mu = 1/sigma`` (Dong, Roth & Su 2022, Cor.
 and :func:`dpaudit.bounds.eps_from_mu`.  At ``eps = 16, delta = 1e-6`` the classical
 sigma 0.3315 is really (18.3, 1e-6)-DP.
 
-Audit (Steinke, Nasr & Jagielski 2023, Alg. 1, as in seed 004).  Data set ``{0_d}``;
+Audit (Steinke, Nasr & Jagielski 2023, Alg. 1, as in the homework).  Data set ``{0_d}``;
 ``m`` canaries uniform on the unit sphere, canary ``i`` included iff the Rademacher sign
 ``S_i = +1``; ``theta = sum_{S_j=+1} x_j + sigma z`` with ``z ~ N(0, I_d)``; score
 ``f_i = x_i^T theta``.  For ``k = m1 = m2 = 1 .. min(m//2, max_m1)`` guess the ``k``
@@ -45,7 +47,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from .bounds import delta_from_mu, eps_from_mu, eps_lb_one_run
+from .bounds import delta_from_mu, eps_from_mu, eps_lb_hoeffding, eps_lb_one_run
 
 #: Elements per canary block (4 MiB of float32); fixed, so the draws depend on
 #: (seed, repeat, m, d) only, not on threads or the cache size.
@@ -63,7 +65,7 @@ def _check_eps_delta(eps: float, delta: float) -> None:
 
 
 def classical_sigma(eps: float, delta: float) -> float:
-    """``sqrt(2 ln(1.25/delta)) / eps`` (seed 004; Dwork & Roth 2014, Thm. A.1, eps < 1)."""
+    """``sqrt(2 ln(1.25/delta)) / eps`` (the homework; Dwork & Roth 2014, Thm. A.1, eps < 1)."""
     _check_eps_delta(eps, delta)
     return float(np.sqrt(2.0 * np.log(1.25 / delta)) / eps)
 
@@ -196,7 +198,7 @@ def canary_scores(m: int, d: int, key, threads: int = 1,
 
 def guess_counts(scores: np.ndarray, signs: np.ndarray, k_max: int) -> np.ndarray:
     """Correct guesses ``v_k`` for ``k = 1..k_max``: the ``k`` highest scores guessed IN, the
-    ``k`` lowest OUT (``m1 = m2 = k``, seed 004).  ``scores`` is ``(..., m)``; needs
+    ``k`` lowest OUT (``m1 = m2 = k``, as in the homework).  ``scores`` is ``(..., m)``; needs
     ``k_max <= m // 2`` so the two guess sets are disjoint."""
     scores = np.asarray(scores)
     if not 1 <= k_max <= scores.shape[-1] // 2:
@@ -210,13 +212,17 @@ def guess_counts(scores: np.ndarray, signs: np.ndarray, k_max: int) -> np.ndarra
 def sweep_bounds(m: int, correct: np.ndarray, delta: float, beta: float = 0.05) -> dict:
     """Bounds from the counts ``correct`` ``(..., K)`` of the sweep ``k = 1..K``.
 
-    - ``eps_hat_max``: max over k of the bound at level ``beta`` (seed 004's "largest value
-      over m1"); the maximum of K bounds at 95% is *not* a 95% bound.
+    - ``eps_lb_delta`` (the primary column): the (eps, delta) bound of [SNJ23] Appendix D
+      at ``beta / K``, at the k chosen by ``eps_lb``: under the union bound any
+      data-chosen k keeps level ``1 - beta``, and this is the one comparable to
+      :func:`true_eps` at ``delta`` (the Gaussian mechanism is not eps-DP for any eps).
     - ``eps_lb``: max over k of the pure-eps bound at ``beta / K`` (Bonferroni), valid at
-      ``1 - beta`` for pure eps-DP (seed 004 eq. 1, [SNJ23] Thm. 1).
-    - ``eps_lb_delta``: the (eps, delta) bound of [SNJ23] Appendix D at ``beta / K``, at the
-      k chosen by ``eps_lb``: under the union bound any data-chosen k keeps level
-      ``1 - beta``, and this one is comparable to :func:`true_eps` at ``delta``.
+      ``1 - beta`` for pure eps-DP (the homework's eq. 1, [SNJ23] Thm. 1).
+    - ``eps_lb_hoeffding``: max over k of :func:`dpaudit.bounds.eps_lb_hoeffding` at
+      ``beta / K``, the homework's closed-form (Hoeffding) pure-eps bound with the same
+      Bonferroni correction; valid at ``1 - beta``, never above ``eps_lb``.
+    - ``eps_hat_max``: max over k of the bound at level ``beta`` (the homework's "largest
+      value over m1"); the maximum of K bounds at 95% is *not* a 95% bound.
     """
     correct = np.asarray(correct)
     K = correct.shape[-1]
@@ -228,9 +234,10 @@ def sweep_bounds(m: int, correct: np.ndarray, delta: float, beta: float = 0.05) 
     v_best = np.take_along_axis(correct, best[..., None], -1)[..., 0]
     lb_delta = np.reshape([eps_lb_one_run(m, 2 * (k + 1), v, delta, beta / K)
                            for k, v in zip(best.ravel(), v_best.ravel())], best.shape)
+    hoeff = np.asarray(eps_lb_hoeffding(np.broadcast_to(r, correct.shape), correct, beta / K))
     return {"eps_lb": bonf.max(axis=-1), "eps_lb_delta": lb_delta,
-            "eps_hat_max": hw.max(axis=-1), "best_m1": best + 1, "best_m1_hw": best_hw + 1,
-            "correct": v_best}
+            "eps_lb_hoeffding": hoeff.max(axis=-1), "eps_hat_max": hw.max(axis=-1),
+            "best_m1": best + 1, "best_m1_hw": best_hw + 1, "correct": v_best}
 
 
 def audit_point(m: int, d: int, sigmas, key, delta: float, beta: float = 0.05,
@@ -275,7 +282,8 @@ def audit_grid(grid: str, eps_values, m_values, d_values, delta: float, repeats:
                     "true_eps": eps_true, "repeat": rep, "seed": seed, "beta": beta,
                     **res}))
                 if progress:
-                    top = res.loc[res.eps_lb.idxmax()]
-                    progress(f"m={m} d={d} repeat={rep}: max eps_lb={top.eps_lb:.3f} "
-                             f"(homework max {top.eps_hat_max:.3f})")
+                    top = res.loc[res.eps_lb_delta.idxmax()]
+                    progress(f"m={m} d={d} repeat={rep}: max eps_lb_delta="
+                             f"{top.eps_lb_delta:.3f} (pure eps_lb {top.eps_lb:.3f}, "
+                             f"homework max {top.eps_hat_max:.3f})")
     return pd.concat(frames, ignore_index=True)

@@ -49,6 +49,14 @@ ATTACKS = ("mi", "backdoor", "clipbkd")
 DATASETS = ("fmnist", "cifar")
 #: Statistic columns of a score table, by attack (the first is the attack's primary one).
 STATISTICS = {"mi": ("mi",), "backdoor": ("backdoor",), "clipbkd": ("clipbkd", "clipbkd_logit")}
+#: Keys of ``jagielski-train --spec``: what a cell's models depend on (the rule passes only
+#: these, so that growing a grid reruns no finished cell).
+TRAIN_KEYS = ("trials", "ks", "sampling", "clipbkd_d0", "epochs", "batch_size", "lr", "hidden",
+              "noise")
+#: Keys of a data set's section that its task depends on (``jagielski-task --spec``).
+TASK_KEYS = ("clipbkd_norm", "pretrain_epochs", "pretrain_images")
+#: Keys of ``jagielski-audit --spec``.
+AUDIT_KEYS = ("alpha", "delta", "select_frac")
 #: Arrays of a task file (``dpaudit jagielski-task``).
 TASK_ARRAYS = ("X", "y", "X_test", "y_test", "pool_X", "pool_y", "bkd_test_X", "bkd_test_y",
                "x_p", "y_p")
@@ -166,6 +174,35 @@ def cifar_task(root=None, download: bool = False, tarball=None, cifar100_root=No
                   "n": len(y), "n_test": len(test.labels)}
 
 
+def init_label(value) -> str:
+    """File-name form of a config init: ``fixed`` or ``g<s>`` (Glorot-normal weights times s)."""
+    return "fixed" if value == "fixed" else f"g{float(value):g}"
+
+
+def cell_path(dataset: str, arch: str, clip, init, eps: str, attack: str) -> str:
+    """Score table of one cell (the workflow's ``jagielski_train`` output)."""
+    return (f"results/jagielski/scores/{dataset}_{arch}_c{float(clip):g}_{init_label(init)}"
+            f"_e{eps}_{attack}.csv")
+
+
+def check_eps_labels(jag: dict, where: str, dataset: str, labels) -> None:
+    """A ValueError naming ``jagielski.<where>.eps`` if a label has no noise multiplier."""
+    noise = jag["datasets"][dataset]["noise"]
+    for label in labels:
+        if label not in noise:
+            raise ValueError(f"config jagielski.{where}.eps: {label!r} is not a key of "
+                             f"jagielski.datasets.{dataset}.noise (allowed: {sorted(noise)})")
+
+
+def train_spec(jag: dict, dataset: str, eps: str) -> dict:
+    """The ``jagielski-train --spec`` of a cell: :data:`TRAIN_KEYS` from the ``jagielski``
+    config section and its data set's section, the noise of label ``eps``, nothing else."""
+    check_eps_labels(jag, "datasets", dataset, [eps])
+    ds = jag["datasets"][dataset]
+    spec = {**jag, **ds, "noise": ds["noise"][eps]}
+    return {k: spec[k] for k in TRAIN_KEYS}
+
+
 def sides(task: Task, attack: str, ks, clipbkd_d0: str = "flipped"):
     """The data sets an attack trains on: ``[(side, label, k, (X, y)), ...]`` with
     ``label`` 0 for D0 and 1 for D1 (one D1 per k; k = 1 for ``mi``)."""
@@ -270,22 +307,28 @@ def run_cell(task: Task, attack: str, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDCo
 def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
                  select_frac: float = 0.5, statistic: str | None = None,
                  split_only: bool = False) -> pd.DataFrame:
-    """Bounds of one cell's scores, one row per k (D1 side against the D0 side).
+    """Bounds of one cell's scores, one row per k (D1 side against the D0 side), each at
+    ``1 - alpha`` for that k alone.
 
-    Columns: ``eps_lb`` (Clopper-Pearson, [JUO20] Alg. 2 at ``1 - alpha``, threshold chosen
-    on the first ``select_frac`` of the trials and evaluated on the rest; the group of k
+    Columns: ``eps_lb`` (Clopper-Pearson, [JUO20] Alg. 2, threshold chosen on the first
+    ``select_frac`` of the trials and evaluated on the rest; per row of a group of k
     rows by [JUO20] Lemma 1 with ``delta``), its threshold and counts (``tpr``, ``fpr`` on
-    the evaluation trials); ``eps_lb_scan`` (every threshold on all trials, Bonferroni);
-    ``mu_lb`` (Gaussian DP, same split) and ``eps_lb_gdp`` = ``eps_from_mu(mu_lb / k,
-    delta)`` (mu-GDP composes over a group as k mu). ``eps_lb_gdp`` holds only if the
-    models are exactly mu-GDP (Nasr et al. 2023's assumption), which subsampled DP-SGD is
-    not: an estimate, never a certified bound. ``split_only``: the split columns alone.
+    the evaluation trials); ``eps_lb_scan`` (every threshold on all trials, Bonferroni over
+    thresholds); ``mu_lb_group`` (Gaussian DP of the whole group, same split) and
+    ``mu_lb = mu_lb_group / k``, per row (k rows of a mu-GDP mechanism compose to at most
+    k mu); ``eps_lb_gdp`` = ``eps_from_mu(mu_lb, delta)``, which holds only if the models
+    are exactly mu-GDP (Nasr et al. 2023's assumption), which subsampled DP-SGD is not: an
+    estimate, never a certified bound. ``split_only``: the split columns alone.
     """
     stat = statistic or STATISTICS[attack][0]
-    neg = scores.loc[scores.label == 0].sort_values("trial")[stat].to_numpy()
+    if stat not in scores:
+        raise ValueError(f"scores lack the statistic column {stat!r}")
+    neg = bounds.scores_array(f"scores[{stat!r}] of D0", scores.loc[scores.label == 0]
+                              .sort_values("trial")[stat], 2)
     out = []
     for k, grp in scores.loc[scores.label == 1].groupby("k"):
-        pos = grp.sort_values("trial")[stat].to_numpy()
+        pos = bounds.scores_array(f"scores[{stat!r}] of D1 (k={k})",
+                                  grp.sort_values("trial")[stat], 2)
         cp = partial(_cp, delta=delta, k=int(k))
         split = bounds.threshold_split_audit(pos, neg, cp, alpha, select_frac)
         row = {"statistic": stat, "k": int(k), "eps_lb": split.value,
@@ -295,9 +338,11 @@ def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
         if not split_only:
             scan = bounds.threshold_scan_audit(pos, neg, cp, alpha)
             gdp = bounds.threshold_split_audit(pos, neg, bounds.mu_lb_gdp, alpha, select_frac)
-            row.update(eps_lb_scan=scan.value, mu_lb=gdp.value,
+            row.update(eps_lb_scan=scan.value, mu_lb_group=gdp.value, mu_lb=gdp.value / k,
                        eps_lb_gdp=_eps_gdp(gdp.value / k, delta))
         out.append(row)
+    if not out:
+        raise ValueError("scores have no D1 trials (label 1)")
     return pd.DataFrame(out)
 
 
@@ -312,25 +357,41 @@ def _cp(ct_pos, n_pos, ct_neg, n_neg, alpha, *, delta, k):
     return bounds.eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha, delta, k)
 
 
+#: What each bound column of :func:`summarize_cell` is (figures, tables and docs say the same).
+COLUMNS = {
+    "eps_lb_best_k": "the paper's statistic: the largest over k of the per-k bounds, each at "
+                     "1 - alpha; a maximum of several, not itself a 1 - alpha bound",
+    "eps_lb_bonf": "certified: every k at alpha / len(ks), largest over k (union bound)",
+    "eps_lb_scan": "certified: every threshold on all trials and every k, Bonferroni over both",
+    "mu_lb": "certified per-row mu-GDP lower bound: group mu / k, every k at alpha / len(ks)",
+    "eps_lb_gdp": "estimate: eps at delta of mu_lb, assuming the models are exactly mu-GDP",
+    "eps_lb_clipbkd_logit": "certified: the reference's raw-logit statistic, as eps_lb_bonf",
+    "mi_yeom": "estimate: Yeom et al.'s population MI eps (1000 train, 1000 test points), "
+               "averaged over models; the paper's MI measure, not a bound",
+}
+
+
 def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
                    select_frac: float = 0.5) -> dict:
-    """One cell's result row.
+    """One cell's result row (:data:`COLUMNS` says what each bound is).
 
-    ``eps_lb``: the paper's maximum over k of the primary statistic's bound ([JUO20]
-    Table 2; not itself a ``1 - alpha`` bound, being a maximum of several);
-    ``eps_lb_bonf``: the same maximum with every k at ``alpha / len(ks)``, which is valid
-    at ``1 - alpha`` (union bound); the maxima over k of the scan and GDP bounds; the bound
-    of the other ClipBKD statistic; the number of trials per side and the mean test
-    accuracy of the models."""
-    per_k = audit_scores(scores, attack, alpha, delta, select_frac)
-    bonf = audit_scores(scores, attack, alpha / len(per_k), delta, select_frac, split_only=True)
+    ``eps_lb_best_k``: the paper's maximum over k of the primary statistic's bound
+    ([JUO20] Table 2), with its ``best_k``, ``tpr``, ``fpr`` and ``threshold``;
+    ``eps_lb_bonf``, ``eps_lb_scan``, ``mu_lb`` (per row) and the other ClipBKD
+    statistic's ``eps_lb_<stat>``: every k at ``alpha / len(ks)``, the largest over k, valid
+    at ``1 - alpha`` by the union bound; ``eps_lb_gdp``: the eps of ``mu_lb``, an estimate;
+    the number of trials per side and the mean test accuracy of the models."""
+    per_k = audit_scores(scores, attack, alpha, delta, select_frac, split_only=True)
+    level = alpha / len(per_k)
+    bonf = audit_scores(scores, attack, level, delta, select_frac)
     best = per_k.iloc[int(per_k.eps_lb.to_numpy().argmax())]
-    row = {"eps_lb": float(best.eps_lb), "best_k": int(best.k), "tpr": float(best.tpr),
+    mu_lb = float(bonf.mu_lb.max())
+    row = {"eps_lb_best_k": float(best.eps_lb), "best_k": int(best.k), "tpr": float(best.tpr),
            "fpr": float(best.fpr), "threshold": float(best.threshold),
-           "eps_lb_bonf": float(bonf.eps_lb.max()), "eps_lb_scan": float(per_k.eps_lb_scan.max()),
-           "mu_lb": float(per_k.mu_lb.max()), "eps_lb_gdp": float(per_k.eps_lb_gdp.max())}
+           "eps_lb_bonf": float(bonf.eps_lb.max()), "eps_lb_scan": float(bonf.eps_lb_scan.max()),
+           "mu_lb": mu_lb, "eps_lb_gdp": _eps_gdp(mu_lb, delta)}
     for stat in STATISTICS[attack][1:]:
-        row[f"eps_lb_{stat}"] = float(audit_scores(scores, attack, alpha, delta, select_frac,
+        row[f"eps_lb_{stat}"] = float(audit_scores(scores, attack, level, delta, select_frac,
                                                    statistic=stat, split_only=True).eps_lb.max())
     row["trials"] = int((scores.label == 0).sum())
     row["test_acc"] = float(scores.test_acc.mean())
@@ -352,8 +413,8 @@ def theoretical_eps(noise: float, n: int, cfg: dpsgd.DPSGDConfig, delta: float) 
             "eps_pld": accounting.epsilon(noise, q, steps, delta, "pld")}
 
 
-#: [JUO20] Table 2 (seed 003): ClipBKD eps_LB of the FMNIST 2-layer net, best over
-#: k = 1, 2, 4, 8, at 99% confidence: {(eps label, init): (C = 0.5, C = 1, C = 2)}.
+#: [JUO20] Table 2: ClipBKD eps_LB of the FMNIST 2-layer net, the largest over
+#: k = 1, 2, 4, 8 of bounds each at 99% confidence: {(eps label, init): (C = 0.5, 1, 2)}.
 PAPER_TABLE2 = {
     ("1", "fixed"): (0.13, 0.15, 0.13), ("1", "g0.5"): (0.13, 0.17, 0.13),
     ("1", "g1"): (0.06, 0.12, 0.09), ("1", "g2"): (0.01, 0.06, 0.08),
@@ -380,23 +441,44 @@ def paper_table2(eps_label: str, init: str, clip: float) -> float:
 
 
 def with_paper_table2(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with column ``paper_eps_lb`` (:func:`paper_table2`) beside ``eps_lb``."""
+    """``table`` with column ``paper_eps_lb`` (:func:`paper_table2`, the paper's best over
+    k) beside ``eps_lb_best_k``."""
     paper = [paper_table2(r.eps_label, r.init, r.clip) for r in table.itertuples()]
     out = table.copy()
-    out.insert(out.columns.get_loc("eps_lb") + 1, "paper_eps_lb", paper)
+    out.insert(out.columns.get_loc("eps_lb_best_k") + 1, "paper_eps_lb", paper)
     return out
 
 
+def init_name(init: str) -> str:
+    """Column name of an init label: ``fixed init`` or ``Glorot x s`` (weights times s)."""
+    return "fixed init" if init == "fixed" else f"Glorot x {init[1:]}"
+
+
+#: How Table 2 is to be read (the Markdown and the heatmap say it).
+TABLE2_NOTES = (
+    "Each cell: ours (the paper's value) [certified], one value per clipping norm C.",
+    "ours = eps_lb_best_k: the largest over k of the per-k ClipBKD bounds, each at 99%, as "
+    "the paper reports it; a maximum of several 99% bounds, not itself a 99% bound.",
+    "[certified] = eps_lb_bonf: every k at 1% / len(ks), the largest over k; a 99% lower bound.",
+    "Glorot x s: Glorot-normal weights multiplied by s (variance s^2 times Glorot's), as the "
+    "reference code's init_mult does; the lecture's wording 'variance 0.5 sigma ... 2 sigma' "
+    "would be s = sqrt(0.5) ... sqrt(2).",
+    "eps_th (noise multiplier in brackets) is for add/remove neighbours; ClipBKD replaces "
+    "rows, and replacing one row is two add/remove steps, so the theoretical bound for it "
+    "is 2 eps_th.",
+)
+
+
 def table2_markdown(table: pd.DataFrame) -> str:
-    """Table 2 as Markdown: rows eps_th, columns init, cells "ours (paper)" for each
-    clipping norm, separated by " / " as in the paper."""
+    """Table 2 as Markdown: rows eps_th, columns init, cells "ours (paper) [certified]" for
+    each clipping norm, separated by " / " as in the paper (:data:`TABLE2_NOTES`)."""
     inits = sorted(table.init.unique(), key=lambda i: (i != "fixed", i))
     clips = sorted(table["clip"].unique())
     labels = sorted(table.eps_label.astype(str).unique(),
                     key=lambda e: math.inf if e == "inf" else float(e))
-    init_name = {"fixed": "fixed init"} | {i: f"Glorot x {i[1:]}" for i in inits if i != "fixed"}
-    lines = [f"ClipBKD eps_LB (paper's value in brackets), C = {' / '.join(f'{c:g}' for c in clips)}",
-             "", "| eps_th (noise) | " + " | ".join(init_name[i] for i in inits) + " |",
+    lines = [f"ClipBKD eps_LB, C = {' / '.join(f'{c:g}' for c in clips)}", "",
+             *(f"- {note}" for note in TABLE2_NOTES), "",
+             "| eps_th (noise) | " + " | ".join(init_name(i) for i in inits) + " |",
              "|---" * (len(inits) + 1) + "|"]
     for e in labels:
         sub = table[table.eps_label.astype(str) == e]
@@ -409,14 +491,16 @@ def table2_markdown(table: pd.DataFrame) -> str:
                 if r.empty:
                     parts.append("-")
                     continue
-                ours, paper = r.eps_lb.iloc[0], r.paper_eps_lb.iloc[0]
-                parts.append(f"{ours:.2f}" + ("" if math.isnan(paper) else f" ({paper:.2f})"))
+                ours, paper = r.eps_lb_best_k.iloc[0], r.paper_eps_lb.iloc[0]
+                parts.append(f"{ours:.2f}" + ("" if math.isnan(paper) else f" ({paper:.2f})")
+                             + f" [{r.eps_lb_bonf.iloc[0]:.2f}]")
             cells.append(" / ".join(parts))
         lines.append(f"| {e} ({noise:g}) | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ATTACKS", "DATASETS", "STATISTICS", "Task", "make_task", "sides", "model_seeds",
-           "score_models", "run_cell", "audit_scores", "summarize_cell",
+__all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS", "Task", "make_task", "sides", "model_seeds",
+           "score_models", "run_cell", "audit_scores", "summarize_cell", "COLUMNS",
+           "init_label", "init_name", "cell_path", "check_eps_labels", "train_spec", "TABLE2_NOTES",
            "theoretical_eps", "PAPER_TABLE2", "paper_table2", "with_paper_table2",
            "table2_markdown"]

@@ -1,6 +1,7 @@
 """Private ridge regression by output perturbation, and its one-run audit.
 
-Seed 004 (HW3) section 1.  Ridge regression minimises
+Section 1 of the HW3 homework of DA 5001/6400 (IIT Madras, 2024); the derivations of
+Q1.1-Q1.7 are in ``docs/ridge.md``.  Ridge regression minimises
 ``F(theta) = ||X theta - y||^2 + lam ||theta||^2`` with the closed form
 ``theta* = H^-1 b``, ``H = X^T X + lam I``, ``b = X^T y`` (Q1.1), and output
 perturbation releases ``theta* + N(0, sigma^2 I)``.
@@ -62,7 +63,7 @@ def clip_rows(X: np.ndarray, R: float) -> np.ndarray:
 
 
 def ridge_fit(X: np.ndarray, y: np.ndarray, lam: float) -> np.ndarray:
-    """Ridge minimiser ``theta* = (X^T X + lam I)^-1 X^T y`` (seed 004, Q1.1), by a solve."""
+    """Ridge minimiser ``theta* = (X^T X + lam I)^-1 X^T y`` (HW3 Q1.1), by a solve."""
     lam = _positive("lam", lam)
     X = np.asarray(X, dtype=float)
     H = X.T @ X
@@ -71,7 +72,7 @@ def ridge_fit(X: np.ndarray, y: np.ndarray, lam: float) -> np.ndarray:
 
 
 def sherman_morrison_shift(X, y, lam: float, x_new, y_new: float) -> np.ndarray:
-    """``theta*(D) - theta*(D + {(x~, y~)})`` by Sherman-Morrison (seed 004, Q1.3).
+    """``theta*(D) - theta*(D + {(x~, y~)})`` by Sherman-Morrison (HW3 Q1.3).
 
     ``= H^-1 x~ (x~^T theta* - y~) / (1 + x~^T H^-1 x~)`` with ``H``, ``theta*`` of ``D``.
     """
@@ -98,12 +99,12 @@ def residual_bound(R: float, B: float, lam: float, n_max: int) -> float:
 
 
 def sensitivity(M: float, R: float, lam: float) -> float:
-    """L2 sensitivity ``M R / lam`` of ``theta*`` under add/remove (seed 004, Q1.5-Q1.6)."""
+    """L2 sensitivity ``M R / lam`` of ``theta*`` under add/remove (HW3 Q1.5-Q1.6)."""
     return _positive("M", M) * _positive("R", R) / _positive("lam", lam)
 
 
 def zcdp_sigma(M: float, R: float, lam: float, rho: float) -> float:
-    """Noise std with ``sigma^2 = M^2 R^2 / (2 lam^2 rho)``: rho-zCDP (seed 004, Q1.7)."""
+    """Noise std with ``sigma^2 = M^2 R^2 / (2 lam^2 rho)``: rho-zCDP (HW3 Q1.7)."""
     return sensitivity(M, R, lam) / np.sqrt(2.0 * _positive("rho", rho))
 
 
@@ -171,7 +172,7 @@ def canaries(m: int, d: int, R: float, B: float,
 
 def one_run_audit(X, y, Xc, yc, lam: float, R: float, B: float, rho: float,
                   delta: float, rng: np.random.Generator, beta: float = 0.05) -> dict:
-    """One-run audit of :func:`release` (Steinke, Nasr & Jagielski 2023, Alg. 1; seed 004 s.2).
+    """One-run audit of :func:`release` (Steinke, Nasr & Jagielski 2023, Alg. 1; HW3 s.2).
 
     Each canary is included with probability 1/2 (``S_i`` Rademacher); one release is
     trained on ``D + {included canaries}`` with public size bound ``n_max = n + m``, so
@@ -183,7 +184,7 @@ def one_run_audit(X, y, Xc, yc, lam: float, R: float, B: float, rho: float,
     :func:`dpaudit.bounds.eps_lb_one_run`.  ``eps_lb`` evaluates each ``k`` at
     ``beta / (m//2)`` (Bonferroni) so that its maximum over ``k`` holds with probability
     ``>= 1 - beta``: the sound bound, reported and plotted.  ``eps_lb_nominal_max`` is the
-    homework's maximum of the per-``k`` bounds at ``beta`` (seed 004), which is not a
+    homework's maximum of the per-``k`` bounds at ``beta`` (HW3 s.2), which is not a
     ``1 - beta`` bound and is kept only for comparison.
     """
     Xc = np.asarray(Xc, dtype=float)

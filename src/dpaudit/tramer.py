@@ -4,7 +4,7 @@ The test of "Debugging Differential Privacy: A Case Study for Privacy Auditing":
 many models on the data set D (negative runs) and on D' = D + {(x', y')} (positive runs),
 with one *canary* (x', y') inserted once, and record the canary's loss
 ``l(x', y') = -log softmax(f(x'))_{y'}`` in every run.  The attack says "canary in" when
-that loss is at most a threshold tau, chosen on separate *validation* runs so that the
+that loss is below a threshold tau, chosen on separate *validation* runs so that the
 *evaluation* runs that give the counts are independent of the choice.  With ``ct_pos`` of
 ``n`` positive and ``ct_neg`` of ``n`` negative evaluation runs said "in":
 
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -41,79 +42,28 @@ import pandas as pd
 import torch
 from scipy import optimize
 
-from . import bounds
-from .canaries import clipbkd_point
+from . import bounds, canaries
+from .canaries import Canary
 
 #: Seed 000's confidence: each claim holds with probability at least 1 - 1e-10.
 ALPHA = 1e-10
 VIOLATES = "violates its claimed guarantee"
 NO_VIOLATION = "no violation detected"
-CANARIES = ("checkerboard", "clipbkd")
 #: Seed blocks: runs of block b get seeds ``seed * SEED_STRIDE + b * BLOCK + i``.
 BLOCKS = {("validation", False): 0, ("validation", True): 1,
           ("evaluation", False): 2, ("evaluation", True): 3}
 BLOCK = 10**8
 SEED_STRIDE = len(BLOCKS) * BLOCK
 
+#: Keys of the ``tramer`` config section each audit depends on (``dpaudit tramer-audit
+#: --target``): the rule passes only these, so editing one audit never reruns the other.
+SPEC_KEYS = {
+    "case-study": ("implementations", "eps", "delta", "alpha", "canary", "classes", "n_train",
+                   "runs", "val_runs", "batch_runs", "model"),
+    "user": ("user", "alpha", "classes", "n_train", "batch_runs"),
+}
+
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Canary:
-    """The inserted example: features ``x`` (d,), and its label (None: chosen on validation)."""
-
-    kind: str
-    x: torch.Tensor
-    label: int | None = None
-
-
-# ---- canaries -----------------------------------------------------------------------
-
-def checkerboard(X: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-    """The checkerboard image of seed 000: pixels alternate between the data's min and max.
-
-    ``shape`` is the image shape of a row of ``X`` (default: square if ``d`` is a square,
-    else a line).  Using the data's own range keeps the canary in the input domain
-    whatever the preprocessing.  The alternating part of the pattern is nearly orthogonal
-    to natural images, so a model can fit an arbitrary label on it at little cost on the
-    rest of the data (seed 000: "insert a unique image which the model is likely to
-    memorize"); its mean brightness is shared with the data, which resists.
-    """
-    d = X.shape[1]
-    if shape is None:
-        side = math.isqrt(d)
-        shape = (side, side) if side * side == d else (d,)
-    if math.prod(shape) != d:
-        raise ValueError(f"checkerboard shape {shape} does not have d={d} pixels")
-    grids = torch.meshgrid(*(torch.arange(s) for s in shape), indexing="ij")
-    pattern = (sum(grids) % 2).to(X.dtype).reshape(d)
-    lo, hi = X.min(), X.max()
-    return lo + (hi - lo) * pattern
-
-
-def make_canary(kind: str, X: torch.Tensor, y: torch.Tensor, label: int | None = None,
-                clipbkd_norm: float = 10.0) -> Canary:
-    """The canary ``kind`` ('checkerboard' or 'clipbkd') for data (X, y).
-
-    'clipbkd' is ClipBKD of Jagielski et al. 2020 (seed 003, Algorithm 4) from
-    :func:`dpaudit.canaries.clipbkd_point`: ``clipbkd_norm`` times the data's direction of
-    least variance, labelled with the class a logistic regression fitted on (X, y) finds
-    least likely.  For the checkerboard, ``label=None`` leaves the label to
-    :func:`least_likely_label` on the validation runs; a given ``label`` overrides both.
-    """
-    if kind == "checkerboard":
-        return Canary(kind, checkerboard(X).to(torch.float32), label)
-    if kind == "clipbkd":
-        x, y_p = clipbkd_point(X.numpy(), y.numpy(), clipbkd_norm)
-        x = torch.as_tensor(x, dtype=torch.float32)
-        return Canary(kind, x, y_p if label is None else label)
-    raise ValueError(f"canary={kind!r}: must be one of {list(CANARIES)}")
-
-
-def least_likely_label(log_probs: np.ndarray) -> int:
-    """The "incorrect label" of seed 000: the class the models trained *without* the
-    canary find least likely for it (lowest mean probability over runs)."""
-    return int(np.argmin(np.exp(log_probs).mean(axis=0)))
 
 
 # ---- training runs --------------------------------------------------------------------
@@ -156,28 +106,6 @@ def canary_log_probs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor
 
 # ---- statistics -----------------------------------------------------------------------
 
-def select_threshold(val_in: np.ndarray, val_out: np.ndarray, alpha: float = ALPHA,
-                     delta: float = 0.0) -> float:
-    """Loss threshold tau chosen on validation runs; the attack says "in" iff loss <= tau.
-
-    Over every distinct decision on the validation runs (tau at or just above each
-    validation loss, and -inf: never "in"),
-    maximizes the Clopper-Pearson eps_LB the validation counts would give at the same
-    ``alpha``; ties (e.g. all zero, as for a correct implementation) go to the largest
-    ``TPR - FPR``.  Only validation runs are used, so the evaluation counts stay valid.
-    """
-    val_in, val_out = np.sort(val_in), np.sort(val_out)
-    taus = np.concatenate([[-np.inf], np.unique(np.concatenate([val_in, val_out]))])
-    ct_pos = np.searchsorted(val_in, taus, side="right")
-    ct_neg = np.searchsorted(val_out, taus, side="right")
-    eps = bounds.eps_lb_clopper_pearson(ct_pos, len(val_in), ct_neg, len(val_out), alpha, delta)
-    youden = ct_pos / len(val_in) - ct_neg / len(val_out)
-    i = np.lexsort((youden, np.atleast_1d(eps)))[-1]
-    # Midway to the next validation loss: the same validation decisions, and a margin on
-    # both sides for the evaluation runs.
-    return float(taus[i] if i + 1 == len(taus) else (taus[i] + taus[i + 1]) / 2)
-
-
 def mu_claimed(eps: float, delta: float) -> float:
     """mu of the Gaussian mechanism that is exactly (eps, delta)-DP: the root of
     ``delta_from_mu(mu, eps) = delta`` ([DRS19] Corollary 2.13; increasing in mu)."""
@@ -200,14 +128,24 @@ def audit_counts(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, claimed_eps: 
 
 def audit_losses(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: float,
                  alpha: float = ALPHA) -> dict:
-    """Threshold on the validation losses, counts and bounds on the evaluation losses."""
-    tau = select_threshold(np.asarray(val_in), np.asarray(val_out), alpha, delta)
-    ct_pos = int(np.sum(np.asarray(eval_in) <= tau))
-    ct_neg = int(np.sum(np.asarray(eval_out) <= tau))
-    n_pos, n_neg = len(eval_in), len(eval_out)
-    return {"tpr": ct_pos / n_pos, "fpr": ct_neg / n_neg, "threshold": tau,
-            "ct_pos": ct_pos, "ct_neg": ct_neg,
-            **audit_counts(ct_pos, n_pos, ct_neg, n_neg, claimed_eps, delta, alpha)}
+    """The attack "in iff loss < tau": tau chosen on the validation losses, counts and
+    bounds on the evaluation losses (:func:`dpaudit.bounds.threshold_holdout_audit` on
+    the scores ``-loss``, so ``pos`` = with the canary, ``neg`` = without).
+
+    Over every distinct decision on the validation runs, tau maximizes the
+    Clopper-Pearson eps_LB the validation counts would give at the same ``alpha``; ties
+    (e.g. all zero, as for a correct implementation) go to the largest ``TPR - FPR``, and
+    tau lies midway between two validation losses, a margin on both sides for the
+    evaluation runs.  NaN losses are refused; an infinite loss (a diverged run) is "out".
+    """
+    res = bounds.threshold_holdout_audit(
+        -np.asarray(val_in, float), -np.asarray(val_out, float), -np.asarray(eval_in, float),
+        -np.asarray(eval_out, float), partial(bounds.eps_lb_clopper_pearson, delta=delta),
+        alpha, ties="youden")
+    return {"tpr": res.ct_pos / res.n_pos, "fpr": res.ct_neg / res.n_neg,
+            "threshold": -res.threshold, "ct_pos": res.ct_pos, "ct_neg": res.ct_neg,
+            **audit_counts(res.ct_pos, res.n_pos, res.ct_neg, res.n_neg, claimed_eps, delta,
+                           alpha)}
 
 
 def max_eps_lb(runs: int, delta: float, alpha: float = ALPHA) -> float:
@@ -251,7 +189,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     for split, n in (("validation", val_runs), ("evaluation", runs)):
         for canary_in in (False, True):
             if canary_in and label is None:
-                label = least_likely_label(lp[("validation", False)])
+                label = canaries.least_likely_label(lp[("validation", False)])
             tag = f"{split} runs {'with' if canary_in else 'without'} canary"
             lp[(split, canary_in)] = canary_log_probs(
                 train_fn, X, y, canary.x, run_seeds(seed, split, canary_in, n), spec,
@@ -271,7 +209,6 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     return row, losses
 
 
-__all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "CANARIES", "Canary", "checkerboard",
-           "make_canary", "least_likely_label", "run_seeds", "canary_log_probs",
-           "select_threshold", "mu_claimed", "audit_counts", "audit_losses", "max_eps_lb",
+__all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "SPEC_KEYS", "run_seeds", "canary_log_probs",
+           "mu_claimed", "audit_counts", "audit_losses", "max_eps_lb",
            "min_runs", "audit_implementation"]

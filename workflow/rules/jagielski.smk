@@ -3,18 +3,19 @@
 # writes their scores; a grid resumes cell by cell.  Figure 2 and Table 2 share cells.
 # Each job gets only the config values its output depends on, so growing a grid (more
 # clips, inits, eps) reruns no finished cell.
+from dpaudit.jagielski import AUDIT_KEYS, TASK_KEYS, cell_path, check_eps_labels, train_spec
+
 FIGURES += ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
-# The dataset-section keys a task depends on.
-TASK_KEYS = ("clipbkd_norm", "pretrain_epochs", "pretrain_images")
+JAG = config["jagielski"]
 
 
 for _ds in JAG["fig2"]["datasets"]:
-    _check_eps_labels("fig2", _ds, JAG["fig2"]["eps"])
-_check_eps_labels("table2", JAG["table2"]["dataset"], JAG["table2"]["eps"])
+    check_eps_labels(JAG, "fig2", _ds, JAG["fig2"]["eps"])
+check_eps_labels(JAG, "table2", JAG["table2"]["dataset"], JAG["table2"]["eps"])
 
 
 FIG2_CELLS = [
-    jag_cell(d, a, JAG["fig2"]["clip"], JAG["fig2"]["init"], e, att)
+    cell_path(d, a, JAG["fig2"]["clip"], JAG["fig2"]["init"], e, att)
     for d in JAG["fig2"]["datasets"]
     for a in JAG["fig2"]["archs"]
     for e in JAG["fig2"]["eps"]
@@ -22,7 +23,7 @@ FIG2_CELLS = [
 ]
 T2 = JAG["table2"]
 TABLE2_CELLS = [
-    jag_cell(T2["dataset"], T2["arch"], c, i, e, "clipbkd")
+    cell_path(T2["dataset"], T2["arch"], c, i, e, "clipbkd")
     for c in T2["clips"]
     for i in T2["inits"]
     for e in T2["eps"]
@@ -75,7 +76,10 @@ rule jagielski_init:
 
 rule jagielski_train:
     input:
-        unpack(_train_inputs),
+        task="results/jagielski/task_{dataset}.npz",
+        init=lambda wc: (
+            [f"results/jagielski/init_{wc.dataset}_{wc.arch}.pt"] if wc.init == "fixed" else []
+        ),
     output:
         "results/jagielski/scores/{dataset}_{arch}_c{clip}_{init}_e{eps}_{attack}.csv",
     wildcard_constraints:
@@ -86,7 +90,7 @@ rule jagielski_train:
         eps="[^_/]+",
         attack="mi|backdoor|clipbkd",
     params:
-        spec=_train_spec,
+        spec=lambda wc: quoted_json(train_spec(JAG, wc.dataset, wc.eps)),
         seed=config["seed"],
         device=JAG["device"],
         models_per_call=JAG["models_per_call"],
@@ -104,7 +108,7 @@ rule jagielski_train:
         " --spec {params.spec} --seed {params.seed} --out {output} 2> {log}"
 
 
-AUDIT_SPEC = quoted_json({k: JAG[k] for k in ("alpha", "delta", "select_frac")})
+AUDIT_SPEC = quoted_json({k: JAG[k] for k in AUDIT_KEYS})
 
 
 rule jagielski_fig2_table:

@@ -1,94 +1,47 @@
-# Debugging DP with audits (Tramer et al. 2022, seed 000): the buggy and the fixed DP-SGD at
-# the same claimed (eps, delta), and `audit_user`, the config-driven audit of your own
-# training function (docs/audit_your_implementation.md; not part of `all`).
+# Debugging DP with audits (Tramer et al. 2022): the buggy and the fixed DP-SGD at the same
+# claimed (eps, delta), and `audit_user`, the config-driven audit of your own training
+# function (docs/audit_your_implementation.md; not part of `all`).
+from dpaudit.tramer import SPEC_KEYS as TRAMER_KEYS
+
 FIGURES.append("figures/tramer_canary_losses.pdf")
+# Result table -> (`dpaudit tramer-audit --target`, figure name).
+TRAMER = {"tramer_audit": ("case-study", "tramer"), "audit_user": ("user", "audit_user")}
+TRAMER_TABLE = {figure: table for table, (_, figure) in TRAMER.items()}
 
 
 rule tramer_audit:
     output:
-        table="results/tramer_audit.csv",
-        losses="results/tramer_losses.csv",
+        table="results/{name}.csv",
+        losses="results/{name}_losses.csv",
+    wildcard_constraints:
+        name="tramer_audit|audit_user",
     params:
-        train=" ".join(config["tramer"]["implementations"]),
-        eps=config["tramer"]["eps"],
-        delta=config["tramer"]["delta"],
-        canary=config["tramer"]["canary"],
-        runs=config["tramer"]["runs"],
-        val_runs=config["tramer"]["val_runs"],
-        alpha=config["tramer"]["alpha"],
-        batch_runs=config["tramer"]["batch_runs"],
-        classes=",".join(str(c) for c in config["tramer"]["classes"]),
-        n_train=config["tramer"]["n_train"],
-        spec=spec("tramer", "model"),
-        data=DATA_ARGS,
+        target=lambda wc: TRAMER[wc.name][0],
+        spec=lambda wc: quoted_json(
+            {k: config["tramer"][k] for k in TRAMER_KEYS[TRAMER[wc.name][0]]}
+        ),
+        data=spec("data"),
         seed=config["seed"],
     log:
-        "logs/tramer_audit.log",
+        "logs/{name}.log",
     conda:
         ENV
     shell:
-        "dpaudit audit-impl --train {params.train} --eps {params.eps} --delta {params.delta} "
-        "--alpha {params.alpha} --canary {params.canary} --runs {params.runs} "
-        "--val-runs {params.val_runs} --batch-runs {params.batch_runs} "
-        "--classes {params.classes} --n-train {params.n_train} --spec {params.spec} "
-        "{params.data} --seed {params.seed} --out {output.table} --losses {output.losses} 2> {log}"
+        "dpaudit tramer-audit --target {params.target} --spec {params.spec} --data {params.data}"
+        " --seed {params.seed} --out {output.table} --losses {output.losses} 2> {log}"
 
 
 rule tramer_plot:
     input:
-        table="results/tramer_audit.csv",
-        losses="results/tramer_losses.csv",
+        table=lambda wc: f"results/{TRAMER_TABLE[wc.figure]}.csv",
+        losses=lambda wc: f"results/{TRAMER_TABLE[wc.figure]}_losses.csv",
     output:
-        pdf="figures/tramer_canary_losses.pdf",
-        png="figures/tramer_canary_losses.png",
+        pdf="figures/{figure}_canary_losses.pdf",
+        png="figures/{figure}_canary_losses.png",
+    wildcard_constraints:
+        figure="tramer|audit_user",
     log:
-        "logs/tramer_plot.log",
-    conda:
-        ENV
-    shell:
-        "dpaudit tramer-plot --table {input.table} --losses {input.losses} "
-        "--out {output.pdf} 2> {log}"
-
-
-rule audit_user_run:
-    output:
-        table="results/audit_user.csv",
-        losses="results/audit_user_losses.csv",
-    params:
-        train=shlex.quote(config["tramer"]["user"]["train"]),
-        eps=config["tramer"]["user"]["eps"],
-        delta=config["tramer"]["user"]["delta"],
-        canary=config["tramer"]["user"]["canary"],
-        runs=config["tramer"]["user"]["runs"],
-        val_runs=config["tramer"]["user"]["val_runs"],
-        alpha=config["tramer"]["alpha"],
-        batch_runs=config["tramer"]["batch_runs"],
-        classes=",".join(str(c) for c in config["tramer"]["classes"]),
-        n_train=config["tramer"]["n_train"],
-        spec=shlex.quote(config["tramer"]["user"]["spec"]),
-        data=DATA_ARGS,
-        seed=config["seed"],
-    log:
-        "logs/audit_user_run.log",
-    conda:
-        ENV
-    shell:
-        "dpaudit audit-impl --train {params.train} --eps {params.eps} --delta {params.delta} "
-        "--alpha {params.alpha} --canary {params.canary} --runs {params.runs} "
-        "--val-runs {params.val_runs} --batch-runs {params.batch_runs} "
-        "--classes {params.classes} --n-train {params.n_train} --spec {params.spec} "
-        "{params.data} --seed {params.seed} --out {output.table} --losses {output.losses} 2> {log}"
-
-
-rule audit_user_plot:
-    input:
-        table="results/audit_user.csv",
-        losses="results/audit_user_losses.csv",
-    output:
-        pdf="figures/audit_user_canary_losses.pdf",
-        png="figures/audit_user_canary_losses.png",
-    log:
-        "logs/audit_user_plot.log",
+        "logs/{figure}_plot.log",
     conda:
         ENV
     shell:

@@ -14,14 +14,11 @@ import json
 import sys
 
 from .. import __version__
+from ..config import SpecError
 from ..io import DataNotFound
 
 #: Subcommand modules, in help order.
 COMMANDS = ("hw3", "accounting", "ridge", "jagielski", "tramer")
-
-
-class SpecError(ValueError):
-    """A config value is wrong; the message names the key and what is allowed."""
 
 
 def spec_arg(text: str) -> dict:

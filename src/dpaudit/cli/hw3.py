@@ -5,66 +5,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import SpecError, spec_arg
+from ..config import validate_section
+from . import spec_arg
 
 GRIDS = ("eps", "m", "d")
-#: key -> (type, lower bound, strict?, upper bound (strict) or None, what it is)
-_SCALARS = {
-    "delta": (float, 0, True, 1, "delta of the calibration and of the true eps"),
-    "beta": (float, 0, True, 1, "1 - confidence of the audit bound"),
-    "repeats": (int, 1, False, None, "independent audits per grid point"),
-    "max_m1": (int, 1, False, None, "largest m1 = m2 of the guess sweep"),
-    "cache_mb": (float, 0, False, None, "canary memory kept between the two passes (MiB)"),
-}
-#: swept key -> (type, lower bound)
-_AXES = {"eps": (float, 0), "m": (int, 2), "d": (int, 1)}
-
-
-def _number(value, kind) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and (kind is float or isinstance(value, int)))
-
-
-def _keys(where: str, section, allowed) -> None:
-    if not isinstance(section, dict):
-        raise SpecError(f"{where}={section!r}: must be a mapping with keys {sorted(allowed)}")
-    for key in section:
-        if key not in allowed:
-            raise SpecError(f"{where}.{key}: unknown key; allowed keys are {sorted(allowed)}")
-    for key in allowed:
-        if key not in section:
-            raise SpecError(f"{where}.{key} is missing; required keys are {sorted(allowed)}")
-
-
-def check_spec(spec: dict) -> dict:
-    """Validate the ``hw3`` config section; :class:`SpecError` names the offending key."""
-    _keys("hw3", spec, [*_SCALARS, "grids"])
-    for key, (kind, low, strict, high, what) in _SCALARS.items():
-        value = spec[key]
-        ok = _number(value, kind) and (value > low if strict else value >= low)
-        if not ok or (high is not None and not value < high):
-            bound = (f"> {low}" if strict else f">= {low}") + (f" and < {high}" if high else "")
-            raise SpecError(f"hw3.{key}={value!r}: must be {kind.__name__} {bound} ({what})")
-    _keys("hw3.grids", spec["grids"], GRIDS)
-    for grid in GRIDS:
-        _keys(f"hw3.grids.{grid}", spec["grids"][grid], _AXES)
-        for axis, (kind, low) in _AXES.items():
-            values = spec["grids"][grid][axis]
-            where = f"hw3.grids.{grid}.{axis}"
-            if not isinstance(values, list) or not values:
-                raise SpecError(f"{where}={values!r}: must be a non-empty list")
-            for i, v in enumerate(values):
-                rel = ">" if kind is float else ">="
-                if not _number(v, kind) or not (v > low if kind is float else v >= low):
-                    raise SpecError(f"{where}[{i}]={v!r}: must be {kind.__name__} {rel} {low}")
-    return spec
 
 
 def _audit(args) -> None:
     from ..gaussian import audit_grid
     from ..io import write_table
 
-    spec = check_spec(args.spec)
+    spec = validate_section(args.spec, "hw3")
     axes = spec["grids"][args.grid]
     df = audit_grid(args.grid, axes["eps"], axes["m"], axes["d"], spec["delta"],
                     spec["repeats"], args.seed, spec["beta"], spec["max_m1"], args.threads,

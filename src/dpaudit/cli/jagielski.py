@@ -12,16 +12,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import SpecError, spec_arg
+from ..config import SpecError, section_schema, subset_schema, validate_section
+from . import spec_arg
+
+from ..jagielski import AUDIT_KEYS, TASK_KEYS, TRAIN_KEYS
+
+
+def _train_schema() -> dict:
+    node = subset_schema(TRAIN_KEYS[:4], "jagielski")
+    per_dataset = section_schema("jagielski", "datasets", "fmnist")["properties"]
+    node["properties"].update({k: per_dataset[k] for k in TRAIN_KEYS[4:8]})
+    node["properties"]["noise"] = {"type": "number", "minimum": 0,
+                                   "description": "the cell's DP-SGD noise multiplier"}
+    node["required"] = list(TRAIN_KEYS)
+    return node
 
 
 def _say(command: str):
     return lambda msg: print(f"dpaudit {command}: {msg}", file=sys.stderr, flush=True)
-
-
-def init_label(value) -> str:
-    """Wildcard form of an init: ``fixed`` or ``g<scale>`` (Glorot times scale)."""
-    return "fixed" if value == "fixed" else f"g{float(value):g}"
 
 
 def _dpsgd_config(ds: dict, clip: float, noise: float, init: str, sampling: str):
@@ -43,14 +51,19 @@ def _device(name: str | None):
 def _task(args) -> None:
     from .. import features, jagielski
 
-    data, ds, log = args.data, args.spec, _say("jagielski-task")
-    common = {"root": data.get("root"), "download": bool(data.get("download", False)),
+    keys = [k for k in TASK_KEYS if k in section_schema("jagielski", "datasets", args.dataset)
+            ["properties"]]
+    ds = validate_section(args.spec, "jagielski", "datasets", args.dataset,
+                          schema_node=subset_schema(keys, "jagielski", "datasets", args.dataset))
+    data = validate_section(args.data, "data")
+    log = _say("jagielski-task")
+    common = {"root": data["root"], "download": data["download"],
               "seed": args.seed, "clipbkd_norm": ds.get("clipbkd_norm")}
     if args.dataset == "fmnist":
         task, prov = jagielski.fmnist_task(**common)
     else:
-        task, prov = jagielski.cifar_task(**common, tarball=data.get("cifar10_tarball"),
-                                          cifar100_root=data.get("cifar100_root"),
+        task, prov = jagielski.cifar_task(**common, tarball=data["cifar10_tarball"],
+                                          cifar100_root=data["cifar100_root"],
                                           pretrain_epochs=ds["pretrain_epochs"],
                                           pretrain_images=ds["pretrain_images"],
                                           device=_device(args.device), log=log)
@@ -69,12 +82,6 @@ def _init(args) -> None:
     dpsgd.save_params(args.out, dpsgd.init_params(model, 1, [args.seed]), model)
 
 
-#: Keys of ``jagielski-train --spec`` (the rule passes only what a cell's models depend on,
-#: so that growing a grid reruns no finished cell).
-TRAIN_KEYS = ("trials", "ks", "sampling", "clipbkd_d0", "epochs", "batch_size", "lr", "hidden",
-              "noise")
-
-
 def _train(args) -> None:
     import pandas as pd
     import torch
@@ -82,10 +89,8 @@ def _train(args) -> None:
     from .. import dpsgd, features, jagielski
     from ..io import write_table
 
-    spec, log = args.spec, _say("jagielski-train")
-    missing = [k for k in TRAIN_KEYS if k not in spec]
-    if missing:
-        raise SpecError(f"--spec lacks {missing} (keys: {list(TRAIN_KEYS)})")
+    spec = validate_section(args.spec, "jagielski", schema_node=_train_schema())
+    log = _say("jagielski-train")
     arrays, task_prov = features.load_features(args.task)
     task = jagielski.Task.from_arrays(arrays)
     model = dpsgd.ModelSpec(args.arch, task.X.shape[1], spec["hidden"])
@@ -132,7 +137,9 @@ def _audit(args) -> None:
     from .. import dpsgd, jagielski
     from ..io import read_table, write_table, write_text
 
-    spec, rows = args.spec, []
+    spec = validate_section(args.spec, "jagielski",
+                            schema_node=subset_schema(AUDIT_KEYS, "jagielski"))
+    rows = []
     for path in args.scores:
         scores, prov = read_table(path)
         cell = prov["cell"]
@@ -172,7 +179,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("jagielski-task", help="prepare an audit task (data, canaries)")
     p.add_argument("--dataset", choices=["fmnist", "cifar"], required=True)
-    p.add_argument("--data", type=spec_arg, default={}, help="the data config section")
+    p.add_argument("--data", type=spec_arg, required=True, help="the data config section")
     common(p, "the data set's section of jagielski.datasets")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (CIFAR pretraining)")
     p.add_argument("--out", type=Path, required=True, help="task file (.npz)")
@@ -209,7 +216,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("jagielski-audit", help="bounds of Figure 2 or Table 2")
     p.add_argument("--experiment", choices=["fig2", "table2"], required=True)
     p.add_argument("--scores", type=Path, nargs="+", required=True, help="score tables")
-    common(p, "JSON object with keys alpha, delta, select_frac")
+    common(p, f"JSON object with keys {', '.join(AUDIT_KEYS)}")
     p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
     p.add_argument("--md", type=Path, default=None, help="Markdown table (table2)")
     p.set_defaults(func=_audit)

@@ -9,11 +9,13 @@ checked before any training starts.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
 
-from . import SpecError, spec_arg
+from ..config import SpecError, subset_schema, validate_section
+from . import spec_arg
 
 #: Leading columns of the audit table (the issue's order); more follow.
 COLUMNS = ["implementation", "claimed_eps", "delta", "runs", "tpr", "fpr", "threshold",
@@ -40,93 +42,125 @@ def _positive_int(value: int, name: str, low: int = 1) -> int:
     return value
 
 
-def _check(args) -> dict:
+def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, batch_runs: int,
+           classes, label, spec: dict) -> dict:
     """Every check that can fail before training: claim, run counts, functions, specs."""
     from .. import subjects, tramer
 
-    eps = _number(args.eps, "--eps (claimed epsilon)", 0.0)
-    delta = _number(args.delta, "--delta (claimed delta)", 0.0, 1.0)
-    alpha = _number(args.alpha, "--alpha (1 - confidence)", 0.0, 1.0)
+    eps = _number(eps, "--eps (claimed epsilon)", 0.0)
+    delta = _number(delta, "--delta (claimed delta)", 0.0, 1.0)
+    alpha = _number(alpha, "--alpha (1 - confidence)", 0.0, 1.0)
     need = tramer.min_runs(eps, delta, alpha)
-    if args.runs < need:
-        best = tramer.max_eps_lb(max(args.runs, 1), delta, alpha)
+    if runs < need:
+        best = tramer.max_eps_lb(max(runs, 1), delta, alpha)
         raise SpecError(
-            f"--runs={args.runs}: too few evaluation runs per side for the claimed eps={eps:g} "
+            f"--runs={runs}: too few evaluation runs per side for the claimed eps={eps:g} "
             f"at confidence 1 - {alpha:g}: even a perfect attack (TPR = 1, FPR = 0) on "
-            f"{args.runs} runs certifies at most eps_LB={best:.3g}; need --runs >= {need}")
-    _positive_int(args.val_runs, "--val-runs")
-    _positive_int(args.n_train, "--n-train", 2)
-    _positive_int(args.batch_runs, "--batch-runs")
-    try:
-        classes = [int(c) for c in args.classes.split(",")]
-    except ValueError:
-        classes = []
+            f"{runs} runs certifies at most eps_LB={best:.3g}; need --runs >= {need}")
+    _positive_int(val_runs, "--val-runs")
+    _positive_int(n_train, "--n-train", 2)
+    _positive_int(batch_runs, "--batch-runs")
     if (len(classes) < 2 or len(set(classes)) != len(classes)
             or not all(0 <= c <= 9 for c in classes)):
-        raise SpecError(f"--classes={args.classes!r}: must be >= 2 distinct FMNIST classes in 0..9")
-    if args.label is not None and not 0 <= args.label < len(classes):
-        raise SpecError(f"--label={args.label}: must be a class index in 0..{len(classes) - 1}")
-    if len(set(args.train)) != len(args.train):
-        raise SpecError(f"--train {args.train}: each implementation at most once")
+        raise SpecError(f"--classes={classes!r}: must be >= 2 distinct FMNIST classes in 0..9")
+    if label is not None and not 0 <= label < len(classes):
+        raise SpecError(f"--label={label}: must be a class index in 0..{len(classes) - 1}")
+    if len(set(train)) != len(train):
+        raise SpecError(f"--train {train}: each implementation at most once")
     plans = []
-    for target in args.train:
+    for target in train:
         try:
             fn = subjects.load_train_fn(target)
         except ValueError as exc:
             raise SpecError(str(exc)) from exc
-        spec = dict(args.spec)
+        target_spec = dict(spec)
         if fn in subjects.SUBJECTS.values():
-            clash = sorted(set(spec) & set(_INJECTED))
+            clash = sorted(set(target_spec) & set(_INJECTED))
             if clash:
                 raise SpecError(f"--spec keys {clash} are set by the audit for registry subject "
                                 f"{target!r} (from --eps, --delta and --n-train); remove them")
-            spec.update(eps=eps, delta=delta, n=args.n_train)
+            target_spec.update(eps=eps, delta=delta, n=n_train)
             try:
-                sigma = subjects.claimed_noise_multiplier(spec, args.n_train)
+                sigma = subjects.claimed_noise_multiplier(target_spec, n_train)
             except ValueError as exc:
                 raise SpecError(f"--spec for {target!r}: {exc}") from exc
             print(f"audit-impl: {target}: noise multiplier {sigma:.4g} calibrated to "
                   f"({eps:g}, {delta:g})-DP", file=sys.stderr)
-        plans.append((target, fn, spec))
+        plans.append((target, fn, target_spec))
     return {"eps": eps, "delta": delta, "alpha": alpha, "min_runs": need, "classes": classes,
-            "plans": plans}
+            "plans": plans, "runs": runs, "val_runs": val_runs, "n_train": n_train,
+            "batch_runs": batch_runs, "label": label}
 
 
-def _audit(args) -> None:
+def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Path,
+         losses_path: Path | None, provenance: dict) -> None:
+    """Train, audit and write the two tables of a checked ``plan``."""
     import pandas as pd
     import torch
 
-    from .. import tramer
+    from .. import canaries, tramer
     from ..data import load_fmnist
     from ..io import write_table
 
-    plan = _check(args)
-    X, y = load_fmnist(args.data_root, classes=plan["classes"], download=args.download)
-    X, y = torch.as_tensor(X[:args.n_train]), torch.as_tensor(y[:args.n_train])
-    if len(X) < args.n_train:
-        raise SpecError(f"--n-train={args.n_train}: only {len(X)} examples of classes "
+    X, y = load_fmnist(root, classes=plan["classes"], download=download)
+    n_train = plan["n_train"]
+    X, y = torch.as_tensor(X[:n_train]), torch.as_tensor(y[:n_train])
+    if len(X) < n_train:
+        raise SpecError(f"--n-train={n_train}: only {len(X)} examples of classes "
                         f"{plan['classes']} in the reference subset")
-    canary = tramer.make_canary(args.canary, X, y, args.label)
+    canary = canaries.make_canary(canary_kind, X, y, plan["label"])
     rows, losses = [], []
     for target, fn, spec in plan["plans"]:
         row, loss = tramer.audit_implementation(
-            fn, X, y, canary, plan["eps"], plan["delta"], args.runs, args.val_runs, spec,
-            args.seed, plan["alpha"], args.batch_runs,
+            fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"], plan["val_runs"], spec,
+            seed, plan["alpha"], plan["batch_runs"],
             progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr))
         print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
               f"{row['eps_lb']:.3f} (claimed {plan['eps']:g}): {row['verdict']}", file=sys.stderr)
         rows.append({"implementation": target, **row, "min_runs": plan["min_runs"],
-                     "n_train": args.n_train})
+                     "n_train": n_train})
         losses.append(loss.assign(implementation=target))
     table = pd.DataFrame(rows)
     table = table[COLUMNS + [c for c in table.columns if c not in COLUMNS]]
     loss_table = pd.concat(losses, ignore_index=True)
     loss_table = loss_table[["implementation"] + [c for c in loss_table if c != "implementation"]]
+    write_table(loss_table, losses_path or out.with_name(f"{out.stem}_losses.csv"), provenance)
+    write_table(table, out, provenance)
+
+
+def _audit_impl(args) -> None:
+    try:
+        classes = [int(c) for c in args.classes.split(",")]
+    except ValueError:
+        classes = []
+    plan = _check(args.train, args.eps, args.delta, args.alpha, args.runs, args.val_runs,
+                  args.n_train, args.batch_runs, classes, args.label, args.spec)
     provenance = {"command": "audit-impl", "spec": args.spec, "seed": args.seed,
                   "args": {k: v for k, v in vars(args).items() if k != "func"}}
-    losses_path = args.losses or args.out.with_name(f"{args.out.stem}_losses.csv")
-    write_table(loss_table, losses_path, provenance)
-    write_table(table, args.out, provenance)
+    _run(plan, args.canary, args.data_root, args.download, args.seed, args.out, args.losses,
+         provenance)
+
+
+def _tramer_audit(args) -> None:
+    from ..tramer import SPEC_KEYS
+
+    sec = validate_section(args.spec, "tramer",
+                           schema_node=subset_schema(SPEC_KEYS[args.target], "tramer"))
+    data = validate_section(args.data, "data")
+    if args.target == "case-study":
+        train, claim, spec = sec["implementations"], sec, sec["model"]
+    else:
+        claim = sec["user"]
+        train, spec = [claim["train"]], json.loads(claim["spec"])
+        if not isinstance(spec, dict):
+            raise SpecError(f"tramer.user.spec={claim['spec']!r}: must be a JSON object")
+    plan = _check(train, claim["eps"], claim["delta"], sec["alpha"], claim["runs"],
+                  claim["val_runs"], sec["n_train"], sec["batch_runs"], sec["classes"], None,
+                  spec)
+    provenance = {"command": "tramer-audit", "target": args.target, "spec": sec, "data": data,
+                  "seed": args.seed}
+    _run(plan, claim["canary"], data["root"], data["download"], args.seed, args.out,
+         args.losses, provenance)
 
 
 def _plot(args) -> None:
@@ -165,7 +199,20 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="audit table CSV")
     p.add_argument("--losses", type=Path, default=None,
                    help="per-run canary losses CSV (default: OUT with suffix _losses)")
-    p.set_defaults(func=_audit)
+    p.set_defaults(func=_audit_impl)
+
+    p = subparsers.add_parser(
+        "tramer-audit", help="the audits of the tramer config section (the rules' entry point)")
+    p.add_argument("--target", choices=["case-study", "user"], required=True,
+                   help="case-study: tramer.implementations at the section's claim; "
+                        "user: tramer.user")
+    p.add_argument("--spec", type=spec_arg, required=True,
+                   help="the keys of the tramer config section the target depends on")
+    p.add_argument("--data", type=spec_arg, required=True, help="the data config section")
+    p.add_argument("--seed", type=int, required=True, help="master seed of the runs")
+    p.add_argument("--out", type=Path, required=True, help="audit table CSV")
+    p.add_argument("--losses", type=Path, required=True, help="per-run canary losses CSV")
+    p.set_defaults(func=_tramer_audit)
 
     p = subparsers.add_parser("tramer-plot", help="histograms of the canary loss with/without")
     p.add_argument("--table", type=Path, required=True, help="CSV from audit-impl")

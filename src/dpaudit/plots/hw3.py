@@ -1,4 +1,5 @@
-"""Figures of the HW3 Gaussian sum audits (seed 004, Q2.1-Q2.3), from hw3-audit tables."""
+"""Figures of the HW3 Gaussian sum audits (Q2.1-Q2.3 of the HW3 homework of DA 5001/6400,
+IIT Madras, 2024), from hw3-audit tables."""
 
 from __future__ import annotations
 
@@ -12,16 +13,31 @@ _XLABEL = {"eps": r"target $\varepsilon$ of the calibration", "m": "number of ca
 _QUESTION = {"eps": "Q2.1", "m": "Q2.2", "d": "Q2.3"}
 _TITLE = {"classical": r"classical $\sigma=\sqrt{2\ln(1.25/\delta)}/\varepsilon$",
           "analytic": r"analytic $\sigma$ (Balle-Wang, exact)"}
+#: Legend labels, one per line: what each line is and whether it is a 95% bound.
+LABELS = {
+    "true": r"true $\varepsilon(\delta)$ of the calibrated $\sigma$",
+    "eps_lb_delta": r"$(\varepsilon,\delta)$ lower bound, 95% (Steinke et al. App. D, "
+                    r"Bonferroni over $m_1$)",
+    "eps_hat_max": r"homework's $\hat\varepsilon$: max over $m_1$ (an estimate, not a 95% bound)",
+    "eps_lb": r"pure-$\varepsilon$ lower bound, 95% (not comparable with $\varepsilon(\delta)$)",
+    "eps_lb_hoeffding": r"pure-$\varepsilon$ Hoeffding closed form, 95% (Bonferroni over $m_1$)",
+}
 
 
 def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> None:
-    """One panel per calibration, against the swept value (``eps``, ``m`` or ``d``):
+    """One panel per calibration, against the swept value (``eps``, ``m`` or ``d``); every
+    line is the mean over repeats:
 
-    - solid, band: ``eps_lb``, the pure-eps bound with Bonferroni over the m1 sweep (valid
-      95% lower bound); mean over repeats, band = min-max;
-    - dash-dot: ``eps_lb_delta``, the (eps, delta) bound ([SNJ23] App. D), mean;
-    - dashed: ``eps_hat_max``, the homework's best over m1 (not a 95% bound), mean;
-    - dotted: the true eps of the calibrated sigma at the table's delta.
+    - solid, thick, min-max band over repeats: ``eps_lb_delta``, the (eps, delta) lower
+      bound of Steinke, Nasr & Jagielski (2023) App. D at the k of the Bonferroni sweep
+      (valid 95%); the primary line, comparable with the true eps(delta);
+    - dotted black: the true eps at the table's delta of the calibrated sigma;
+    - dashed, open squares: ``eps_hat_max``, the homework's largest eps-hat over m1, each at
+      95% (an estimate: the maximum is no 95% bound);
+    - thin solid: ``eps_lb``, the pure-eps bound with Bonferroni over m1 (valid 95% for
+      pure eps-DP, which the Gaussian mechanism is not: not comparable with eps(delta));
+    - thin dash-dot: ``eps_lb_hoeffding``, the closed-form Hoeffding pure-eps bound
+      (valid 95%, looser than ``eps_lb``).
     """
     if grid not in _XLABEL:
         raise ValueError(f"grid={grid!r}: must be one of {sorted(_XLABEL)}")
@@ -30,18 +46,20 @@ def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> No
     fig, axes = figure(1, len(cals), sharey=True, squeeze=False)
     for ax, cal in zip(axes[0], cals):
         g = df[df.calibration == cal].groupby(grid).agg(
-            lb=("eps_lb", "mean"), lo=("eps_lb", "min"), hi=("eps_lb", "max"),
-            lbd=("eps_lb_delta", "mean"), hw=("eps_hat_max", "mean"),
+            lbd=("eps_lb_delta", "mean"), lo=("eps_lb_delta", "min"),
+            hi=("eps_lb_delta", "max"), lb=("eps_lb", "mean"),
+            hoeff=("eps_lb_hoeffding", "mean"), hw=("eps_hat_max", "mean"),
             true=("true_eps", "first")).reset_index()
         c = COLORS[cal]
-        ax.plot(g[grid], g.true, ":", color=COLORS["theory"], label=r"true $\varepsilon$")
-        ax.plot(g[grid], g.hw, "s--", color=c, mfc="none", alpha=0.6,
-                label=r"best over $m_1$, each at 95% (homework; the max is no 95% bound)")
-        ax.plot(g[grid], g.lb, "o-", color=c,
-                label=r"$\varepsilon_{LB}$: Bonferroni over $m_1$, 95% (min-max band)")
-        ax.fill_between(g[grid], g.lo, g.hi, color=c, alpha=0.2, lw=0)
-        ax.plot(g[grid], g.lbd, "^-.", color=c, alpha=0.8, ms=3.5,
-                label=r"$\varepsilon_{LB}$ as an $(\varepsilon,\delta)$ bound (App. D)")
+        x = g[grid]
+        ax.plot(x, g.true, ":", color=COLORS["theory"], lw=1.8, label=LABELS["true"], zorder=5)
+        ax.fill_between(x, g.lo, g.hi, color=c, alpha=0.2, lw=0, zorder=1)
+        ax.plot(x, g.lbd, "o-", color=c, lw=2.4, ms=5, label=LABELS["eps_lb_delta"], zorder=3)
+        ax.plot(x, g.hw, "s--", color="#9467bd", mfc="white", mew=1.3, lw=1.6,
+                label=LABELS["eps_hat_max"], zorder=4)
+        ax.plot(x, g.lb, ".-", color="#7f7f7f", lw=0.9, ms=3, label=LABELS["eps_lb"], zorder=4)
+        ax.plot(x, g.hoeff, "-.", color="#2ca02c", lw=1.0, label=LABELS["eps_lb_hoeffding"],
+                zorder=4)
         if grid == "m":
             ax.set_xscale("log", base=2)
         elif grid == "d":
@@ -52,9 +70,11 @@ def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> No
     fixed = {k: sorted(df[k].unique()) for k in ("eps", "m", "d") if k != grid}
     desc = ", ".join(f"{k}={v[0]:g}" if len(v) == 1 else f"{k} varies" for k, v in fixed.items())
     fig.suptitle(f"HW3 {_QUESTION[grid]}: one-run audit of the Gaussian sum ({desc}, "
-                 rf"$\delta$={df.delta.iloc[0]:g}, {df.repeat.nunique()} repeats)", fontsize=10,
-                 y=1.04)
-    axes[0, 0].set_ylabel(r"$\varepsilon$: 95% lower bounds and truth")
+                 rf"$\delta$={df.delta.iloc[0]:g}, $\beta$={df.beta.iloc[0]:g}); "
+                 f"mean of {df.repeat.nunique()} repeats, band = min-max of the "
+                 r"$(\varepsilon,\delta)$ bound", fontsize=10, y=1.04)
+    axes[0, 0].set_ylabel(r"$\varepsilon$: lower bounds (95%), estimate, and true "
+                          r"$\varepsilon(\delta)$")
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper center", ncol=2,
                bbox_to_anchor=(0.5, 0.0))
     save(fig, out)

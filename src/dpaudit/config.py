@@ -1,0 +1,123 @@
+"""The configuration's one schema: validation of the whole config and of a section, and
+the key reference generated from the schema's descriptions.
+
+``schema.yaml`` (JSON Schema 2020-12, shipped in the package) is the single description of
+every key. The Snakefile validates the whole config against it at start-up; each CLI
+subcommand validates its ``--spec`` against its section (:func:`validate_section`), so a
+step run by hand is checked as strictly as one run by Snakemake; ``config/README.md`` is
+:func:`reference_markdown` (a test keeps it current). Only checks that relate several keys
+are hand-written, in the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+SCHEMA_PATH = Path(__file__).with_name("schema.yaml")
+
+
+class SpecError(ValueError):
+    """A config value is wrong; the message names the key and what is allowed."""
+
+
+@cache
+def schema() -> dict:
+    """The config schema (YAML anchors resolved)."""
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def section_schema(*path: str) -> dict:
+    """The schema of the section at ``path`` (e.g. ``"jagielski", "table2"``)."""
+    node = schema()
+    for i, key in enumerate(path):
+        props = node.get("properties") or {}
+        if key not in props:
+            raise KeyError(f"the config schema has no section {'.'.join(path[:i + 1])!r}")
+        node = props[key]
+    return node
+
+
+def subset_schema(keys, *path: str) -> dict:
+    """The schema of an object holding only ``keys`` of section ``path`` (all required):
+    for a step that is passed the part of a section its output depends on."""
+    props = section_schema(*path)["properties"]
+    return {"type": "object", "additionalProperties": False, "required": list(keys),
+            "properties": {k: props[k] for k in keys}}
+
+
+def _message(err, where: str) -> str:
+    if err.validator == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(allowed))
+        return f"{where}.{extra[0]}: unknown key; allowed keys are {allowed}"
+    if err.validator == "required":
+        key = err.message.split("'")[1]
+        what = err.schema.get("properties", {}).get(key, {}).get("description", "")
+        return f"{where}.{key} is missing" + (f" ({' '.join(str(what).split())})" if what else "")
+    what = " ".join(str(err.schema.get("description", "")).split())
+    return f"{where}={err.instance!r}: {err.message}" + (f" ({what})" if what else "")
+
+
+def validate_section(spec, *path: str, schema_node: dict | None = None):
+    """``spec`` if it satisfies the schema of section ``path`` (or ``schema_node``); else
+    :class:`SpecError` naming the offending key (``hw3.grids.m.m[1]=-4: ...``, ``hw3.bogus:
+    unknown key ...``) and what is allowed."""
+    from jsonschema import Draft202012Validator
+
+    node = section_schema(*path) if schema_node is None else schema_node
+    errors = list(Draft202012Validator(node).iter_errors(spec))
+    if errors:
+        err = min(errors, key=lambda e: (len(e.absolute_path), str(list(e.absolute_path))))
+        where = ".".join(path) or "config"
+        for part in err.absolute_path:
+            where += f"[{part}]" if isinstance(part, int) else f".{part}"
+        raise SpecError(_message(err, where))
+    return spec
+
+
+def _kind(node: dict) -> str:
+    if "const" in node:
+        return f"`{node['const']}`"
+    if "enum" in node:
+        return " \\| ".join(f"`{v}`" for v in node["enum"])
+    for combinator in ("oneOf", "anyOf"):
+        if combinator in node:
+            return " or ".join(_kind(b) for b in node[combinator])
+    kind = node.get("type", "")
+    kind = " or ".join(kind) if isinstance(kind, list) else kind
+    limits = [f"{op} {node[key]}" for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"),
+                                                    ("maximum", "<="), ("exclusiveMaximum", "<"))
+              if key in node]
+    if kind == "array" and isinstance(node.get("items"), dict):
+        kind = f"list of {_kind(node['items'])}"
+    return kind + (f" ({', '.join(limits)})" if limits else "")
+
+
+def _rows(node: dict, prefix: str = ""):
+    for name, sub in (node.get("properties") or {}).items():
+        path = f"{prefix}.{name}" if prefix else name
+        text = " ".join(str(sub.get("description", "")).split()).replace("|", "\\|")
+        yield path, _kind(sub) if "properties" not in sub else "section", text
+        yield from _rows(sub, path)
+        if isinstance(sub.get("items"), dict):
+            yield from _rows(sub["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _rows(node["additionalProperties"], f"{prefix}.<name>")
+
+
+def reference_markdown() -> str:
+    """``config/README.md``: every key of the schema with its type and description."""
+    lines = ["# Configuration reference", "",
+             "Generated from `src/dpaudit/schema.yaml` by `python -m dpaudit.config`; do not "
+             "edit by hand (a test checks that it is current).", "",
+             " ".join(str(schema().get("description", "")).split()), "",
+             "| key | type | description |", "|---|---|---|"]
+    lines += [f"| `{path}` | {kind} | {text} |" for path, kind, text in _rows(schema())]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(reference_markdown(), end="")
