@@ -10,6 +10,8 @@ exceed the truth in at most alpha of the audits plus 3 binomial standard errors.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import integrate, special, stats
@@ -350,3 +352,46 @@ def test_threshold_sits_in_the_middle_of_the_gap_it_chose():
     split = threshold_split_audit(np.r_[pos, pos], np.r_[neg, fresh_neg], eps_lb_clopper_pearson,
                                   0.1)
     assert split.threshold == 24.5 and (split.ct_pos, split.ct_neg) == (20, 0)
+
+
+# ---- one-run guess sweep -------------------------------------------------------------
+
+DELTA = 1e-6
+
+
+def test_guess_counts_match_the_homework_definition():
+    rng = np.random.default_rng(0)
+    m, k_max = 41, 20
+    scores = rng.normal(size=m)
+    S = rng.choice([-1, 1], size=m)
+    counts = bounds.guess_counts(scores, S, k_max)
+    order = np.argsort(scores)
+    for k in range(1, k_max + 1):
+        T = np.zeros(m, int)
+        T[order[-k:]], T[order[:k]] = 1, -1  # m1 = m2 = k largest IN, smallest OUT
+        assert counts[k - 1] == np.sum(S == T)
+    with pytest.raises(ValueError, match="k_max"):
+        bounds.guess_counts(scores, S, 21)
+
+
+def test_sweep_bounds_bonferroni_closed_form():
+    # all 2k guesses right: P[Bin(2k, q) >= 2k] = q^(2k) = level -> eps = logit(level^(1/2k)),
+    # largest at the largest k
+    K, m, beta = 50, 1000, 0.05
+    correct = 2 * np.arange(1, K + 1)
+    res = bounds.one_run_sweep(m, correct, DELTA, beta)
+    assert res["eps_lb_pure"] == pytest.approx(special.logit((beta / K) ** (1 / (2 * K))), rel=1e-9)
+    assert res["eps_hat_max"] == pytest.approx(special.logit(beta ** (1 / (2 * K))), rel=1e-9)
+    assert res["best_k"] == K and res["correct"] == 2 * K
+    assert 0 < res["eps_lb"] <= res["eps_lb_pure"]
+    # Hoeffding: q* = 1 - sqrt(ln(K/beta) / (2 * 2k)), also largest at k = K
+    q_star = 1 - math.sqrt(math.log(K / beta) / (4 * K))
+    assert res["eps_lb_pure_hoeffding"] == pytest.approx(special.logit(q_star), rel=1e-12)
+    assert res["eps_lb_pure_hoeffding"] == pytest.approx(1.4772, abs=1e-4)
+    assert 0 < res["eps_lb_pure_hoeffding"] < res["eps_lb_pure"]
+    # the f-DP columns: [MMC25] at the same k and level, called directly
+    level = beta / K
+    assert res["eps_lb_fdp"] == pytest.approx(bounds.eps_lb_one_run_fdp(m, 2 * K, 2 * K, DELTA,
+                                                                       level))
+    assert res["mu_lb"] == pytest.approx(bounds.mu_lb_one_run_gdp(m, 2 * K, 2 * K, level))
+    assert res["eps_gdp"] == pytest.approx(eps_from_mu(res["mu_lb"], DELTA))

@@ -45,6 +45,9 @@ __all__ = [
     "scores_array",
     "ThresholdAudit",
     "threshold_holdout_audit",
+    "guess_counts",
+    "one_run_sweep",
+    "SWEEP_COLUMNS",
     "threshold_split_audit",
     "threshold_scan_audit",
 ]
@@ -86,13 +89,20 @@ def _check_k(k) -> int:
     return int(k)
 
 
+def _number(name: str, value) -> float:
+    if isinstance(value, (bool, np.bool_)) or np.ndim(value) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name}={value!r}: must be a number")
+    return float(value)
+
+
 def _check_delta(delta: float) -> None:
-    if not 0.0 <= delta < 1.0:
+    if not 0.0 <= _number("delta", delta) < 1.0:
         raise ValueError(f"delta={delta!r}: must lie in [0, 1)")
 
 
 def _check_level(name: str, value: float) -> None:
-    if not 0.0 < value < 1.0:
+    if not 0.0 < _number(name, value) < 1.0:
         raise ValueError(f"{name}={value!r}: must lie strictly between 0 and 1")
 
 
@@ -456,36 +466,15 @@ def threshold_scan_audit(scores_pos, scores_neg, bound: Bound, alpha: float) -> 
 # f-DP mechanism, by a recursion over the number of correct guesses, turned into audits.
 
 
-def _fdp_whole(name: str, value) -> int:
-    """``value`` as a Python int if it is a finite whole scalar; else a ValueError naming it."""
-    a = np.asarray(value)
-    if a.ndim != 0 or a.dtype.kind not in "iuf":  # bools, strings, objects, arrays refused
-        raise ValueError(f"{name}={value!r}: must be a whole number (an int or float scalar)")
-    if a.dtype.kind == "f" and (not np.isfinite(a) or a != np.floor(a)):
-        raise ValueError(f"{name}={value!r}: must be a finite whole number")
-    return int(a)
-
-
-def _fdp_level(name: str, value, closed_below: bool = False) -> float:
-    """``value`` as a float in (0, 1) (``[0, 1)`` with ``closed_below``); else a ValueError."""
-    a = np.asarray(value)
-    if a.ndim != 0 or a.dtype.kind not in "iuf":
-        raise ValueError(f"{name}={value!r}: must be a number (a scalar)")
-    x = float(a)
-    if not ((0.0 <= x if closed_below else 0.0 < x) and x < 1.0):  # NaN fails too
-        span = "[0, 1)" if closed_below else "(0, 1)"
-        raise ValueError(f"{name}={value!r}: must lie in {span}")
-    return x
-
-
-def _fdp_check_counts(m, r, v) -> tuple[int, int, int]:
-    m, r, v = _fdp_whole("m", m), _fdp_whole("r", r), _fdp_whole("v", v)
+def _fdp_args(m, r, v, beta) -> tuple[int, int, int]:
+    """Scalar one-run counts (:func:`_one_run_counts`) with ``m >= 1``, and a valid beta."""
+    for name, a in (("m", m), ("r", r), ("v", v)):
+        if np.ndim(a):
+            raise ValueError(f"{name}={a!r}: must be a scalar")
+    m, r, v = (int(a) for a in _one_run_counts(m, r, v))
     if m < 1:
         raise ValueError(f"m={m!r}: must be >= 1 (the number of canaries)")
-    if r < 0 or r > m:
-        raise ValueError(f"r={r!r}: must satisfy 0 <= r <= m={m}")
-    if v < 0 or v > r:
-        raise ValueError(f"v={v!r}: must satisfy 0 <= v <= r={r}")
+    _check_level("beta", beta)
     return m, r, v
 
 
@@ -578,8 +567,7 @@ def mu_lb_one_run_gdp(m, r, v, beta: float = 0.05) -> float:
     bound on epsilon at delta use :func:`eps_lb_one_run_fdp`.  Scalar arguments
     (numpy integers accepted); a ValueError names any bad argument.
     """
-    m, r, v = _fdp_check_counts(m, r, v)
-    beta = _fdp_level("beta", beta)
+    m, r, v = _fdp_args(m, r, v, beta)
 
     def factory(mu: np.ndarray):
         return lambda y: special.ndtr(special.ndtri(y) - mu)
@@ -598,17 +586,19 @@ def eps_lb_one_run_fdp(m, r, v, delta: float, beta: float = 0.05) -> float:
     probability at least ``1 - beta`` the mechanism is not (eps', delta)-DP for any eps'
     below it, a certified lower bound on epsilon at this delta.
 
-    Compared with [SNJ23] (:func:`eps_lb_one_run`): at ``delta > 0`` the recursion uses the
-    (eps, delta) curve directly instead of the ``2 m delta`` correction of their Appendix D
-    and is typically tighter; at ``delta = 0`` it cannot beat [SNJ23], whose binomial tail
+    Compared with [SNJ23] (:func:`eps_lb_one_run` at the same delta): the recursion uses the
+    (eps, delta) curve directly instead of the ``2 m delta`` term of their Appendix D. It is
+    tighter for a perfect attack (``v = r``) at every delta > 0 and everywhere at
+    delta >= 1e-3, but slightly *looser* (by 0.004-0.018 in eps at m = 100..2000) for
+    ``v < r`` at delta <= 1e-5; at ``delta = 0`` it cannot beat [SNJ23], whose binomial tail
     is attained by randomized response (they agree at ``v = r``: ``eps = logit(beta^(1/r))``).
+    ``tests/test_bounds_fdp.py`` pins these cases; audits report both.
     Nothing is rejected when ``beta <= delta`` (a mechanism that reveals every canary with
     probability delta is (0, delta)-DP).  Scalar arguments (numpy integers accepted); a
     ValueError names any bad argument.
     """
-    m, r, v = _fdp_check_counts(m, r, v)
-    delta = _fdp_level("delta", delta, closed_below=True)
-    beta = _fdp_level("beta", beta)
+    m, r, v = _fdp_args(m, r, v, beta)
+    _check_delta(delta)
 
     def factory(eps: np.ndarray):
         up, down = np.exp(eps), np.exp(-eps)
@@ -616,3 +606,78 @@ def eps_lb_one_run_fdp(m, r, v, delta: float, beta: float = 0.05) -> float:
                                     0.0)
 
     return _fdp_largest_rejected(factory, m, r, v, beta)
+
+
+# ---- one-run audits: the guess sweep ---------------------------------------------------
+
+def guess_counts(scores, included, k_max: int) -> np.ndarray:
+    """Correct guesses ``v_k`` for ``k = 1..k_max``: the ``k`` highest scores guessed "in",
+    the ``k`` lowest "out" (``r = 2k`` guesses; the HW3 homework's ``m1 = m2 = k``).
+    ``scores`` is ``(..., m)`` (higher = "in"), ``included`` the ``m`` true memberships
+    (bool, or signs with +1 = in); needs ``k_max <= m // 2`` so the two sets are disjoint."""
+    scores = np.asarray(scores, dtype=float)
+    if np.isnan(scores).any():
+        raise ValueError(f"scores has {int(np.isnan(scores).sum())} NaN entries")
+    included = np.asarray(included)
+    if included.shape != scores.shape[-1:]:
+        raise ValueError(f"included has shape {included.shape}: need ({scores.shape[-1]},)")
+    if not 1 <= k_max <= scores.shape[-1] // 2:
+        raise ValueError(f"k_max={k_max}: must lie in [1, m//2={scores.shape[-1] // 2}]")
+    inc = included[np.argsort(-scores, axis=-1, kind="stable")] > 0
+    return np.cumsum(inc[..., :k_max], axis=-1) + np.cumsum(~inc[..., ::-1][..., :k_max], axis=-1)
+
+
+#: What each column of :func:`one_run_sweep` is (figures, tables and docs say the same).
+SWEEP_COLUMNS = {
+    "eps_lb": "certified (eps, delta) lower bound at 1 - beta: [SNJ23] Appendix D at "
+              "beta / K, at the k chosen by eps_lb_pure (Bonferroni over the K guess counts)",
+    "eps_lb_fdp": "certified (eps, delta) lower bound at 1 - beta by the f-DP analysis of "
+                  "[MMC25], same level and k",
+    "mu_lb": "certified mu-GDP lower bound at 1 - beta ([MMC25] with Gaussian trade-off "
+             "curves), same level and k",
+    "eps_gdp": "estimate: eps at delta of mu_lb, assuming the mechanism is exactly mu-GDP",
+    "eps_lb_pure": "certified pure-eps lower bound at 1 - beta: the largest over k of "
+                   "[SNJ23] Theorem 1 at beta / K; not comparable with an eps at delta > 0",
+    "eps_lb_pure_hoeffding": "certified pure-eps lower bound in closed form (Hoeffding), "
+                             "same Bonferroni; never above eps_lb_pure",
+    "eps_hat_max": "estimate: the HW3 homework's answer, the largest over k of pure-eps bounds "
+                   "each at 1 - beta; a maximum of K bounds, not a 1 - beta bound",
+}
+
+
+def one_run_sweep(m: int, correct, delta: float, beta: float = 0.05) -> dict:
+    """The bounds of a one-run audit from the correct guesses ``correct`` ``(..., K)`` of the
+    sweep ``k = 1..K`` (``r = 2k`` guesses each, :func:`guess_counts`).
+
+    Every certified column holds at ``1 - beta``: the K guess counts are a data-chosen
+    choice, paid for by evaluating each at ``beta / K`` (union bound).  Columns
+    (:data:`SWEEP_COLUMNS`): ``eps_lb``, ``eps_lb_fdp``, ``mu_lb``, ``eps_gdp``,
+    ``eps_lb_pure``, ``eps_lb_pure_hoeffding``, ``eps_hat_max``; ``best_k`` (the k of the
+    certified columns) and ``correct`` there.  The (eps, delta) and f-DP bounds are computed
+    once per audit, at the k that maximizes the closed-form pure bound, so a sweep over 500
+    guess counts costs a handful of bisections.
+    """
+    correct = np.asarray(correct)
+    K = correct.shape[-1]
+    r = np.broadcast_to(2 * np.arange(1, K + 1), correct.shape)
+    level = beta / K
+    hat = np.asarray(eps_lb_one_run(m, r, correct, 0.0, beta))
+    pure = np.asarray(eps_lb_one_run(m, r, correct, 0.0, level))
+    best = pure.argmax(axis=-1)
+    v_best = np.take_along_axis(correct, best[..., None], -1)[..., 0]
+    at_best = [(2 * (k + 1), int(v)) for k, v in zip(best.ravel(), v_best.ravel())]
+    mu = np.reshape([mu_lb_one_run_gdp(m, rr, v, level) for rr, v in at_best], best.shape)
+    return {
+        "eps_lb": np.reshape([eps_lb_one_run(m, rr, v, delta, level) for rr, v in at_best],
+                             best.shape),
+        "eps_lb_fdp": np.reshape([eps_lb_one_run_fdp(m, rr, v, delta, level)
+                                  for rr, v in at_best], best.shape),
+        "mu_lb": mu,
+        "eps_gdp": np.vectorize(lambda x: eps_from_mu(x, delta) if delta > 0 else
+                                (np.inf if x > 0 else 0.0), otypes=[float])(mu),
+        "eps_lb_pure": pure.max(axis=-1),
+        "eps_lb_pure_hoeffding": np.asarray(eps_lb_hoeffding(r, correct, level)).max(axis=-1),
+        "eps_hat_max": hat.max(axis=-1),
+        "best_k": best + 1,
+        "correct": v_best,
+    }

@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy import linalg
 
-from .bounds import eps_from_mu, eps_lb_one_run
+from .bounds import eps_from_mu, guess_counts, one_run_sweep
 
 
 def _positive(name: str, value: float) -> float:
@@ -180,12 +180,10 @@ def one_run_audit(X, y, Xc, yc, lam: float, R: float, B: float, rho: float,
     :func:`release` and the (eps, delta) guarantee applies per canary, as the theorem
     requires.  Score ``f_i = sign(y_i) x_i^T (theta - theta*(D))`` (the auditor knows
     ``D``).  Guessing the ``k`` highest in and the ``k`` lowest out, for every
-    ``k = 1..m//2``, gives per-``k`` bounds at level ``1 - beta`` from
-    :func:`dpaudit.bounds.eps_lb_one_run`.  ``eps_lb`` evaluates each ``k`` at
-    ``beta / (m//2)`` (Bonferroni) so that its maximum over ``k`` holds with probability
-    ``>= 1 - beta``: the sound bound, reported and plotted.  ``eps_lb_nominal_max`` is the
-    homework's maximum of the per-``k`` bounds at ``beta`` (HW3 s.2), which is not a
-    ``1 - beta`` bound and is kept only for comparison.
+    ``k = 1..m//2``, gives the bounds of :func:`dpaudit.bounds.one_run_sweep`: ``eps_lb``,
+    the (eps, delta) bound at ``1 - beta`` (Bonferroni over k), is the one reported and
+    plotted against the theoretical eps; ``eps_hat_max`` is the homework-style maximum,
+    kept only for comparison.
     """
     Xc = np.asarray(Xc, dtype=float)
     m = len(Xc)
@@ -195,15 +193,8 @@ def one_run_audit(X, y, Xc, yc, lam: float, R: float, B: float, rho: float,
     theta = release(np.vstack([X, Xc[S > 0]]), np.concatenate([y, yc[S > 0]]),
                     lam, R, B, len(X) + m, rho, rng)
     scores = np.sign(yc) * (Xc @ (theta - ridge_fit(X, y, lam)))
-    s_sorted = S[np.argsort(-scores, kind="stable")]
-    k = np.arange(1, m // 2 + 1)
-    correct = np.cumsum(s_sorted == 1)[k - 1] + np.cumsum(s_sorted[::-1] == -1)[k - 1]
-    nominal = np.asarray(eps_lb_one_run(m, 2 * k, correct, delta=delta, beta=beta))
-    sound = np.asarray(eps_lb_one_run(m, 2 * k, correct, delta=delta, beta=beta / len(k)))
-    best = int(np.argmax(sound))
-    return {"eps_lb": float(sound[best]), "k": int(k[best]), "guesses": int(2 * k[best]),
-            "correct": int(correct[best]), "eps_lb_nominal_max": float(nominal.max()),
-            "included": int((S > 0).sum())}
+    res = one_run_sweep(m, guess_counts(scores, S, m // 2), delta, beta)
+    return {**{k: v.item() for k, v in res.items()}, "included": int((S > 0).sum())}
 
 
 def audit_table(n: int, d: int, m: int, lam: float, R: float, B: float, label_noise: float,

@@ -16,28 +16,33 @@ _TITLE = {"classical": r"classical $\sigma=\sqrt{2\ln(1.25/\delta)}/\varepsilon$
 #: Legend labels, one per line: what each line is and whether it is a 95% bound.
 LABELS = {
     "true": r"true $\varepsilon(\delta)$ of the calibrated $\sigma$",
-    "eps_lb_delta": r"$(\varepsilon,\delta)$ lower bound, 95% (Steinke et al. App. D, "
-                    r"Bonferroni over $m_1$)",
+    "eps_lb": r"$(\varepsilon,\delta)$ lower bound, 95% (Steinke et al. App. D, "
+              r"Bonferroni over $m_1$)",
+    "eps_lb_fdp": r"$(\varepsilon,\delta)$ lower bound, 95% (f-DP analysis of Mahloujifar "
+                  r"et al.)",
     "eps_hat_max": r"homework's $\hat\varepsilon$: max over $m_1$ (an estimate, not a 95% bound)",
-    "eps_lb": r"pure-$\varepsilon$ lower bound, 95% (not comparable with $\varepsilon(\delta)$)",
-    "eps_lb_hoeffding": r"pure-$\varepsilon$ Hoeffding closed form, 95% (Bonferroni over $m_1$)",
+    "eps_lb_pure": r"pure-$\varepsilon$ lower bound, 95% (not comparable with $\varepsilon(\delta)$)",
+    "eps_lb_pure_hoeffding": r"pure-$\varepsilon$ Hoeffding closed form, 95% "
+                             r"(Bonferroni over $m_1$)",
 }
 
 
 def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> None:
     """One panel per calibration, against the swept value (``eps``, ``m`` or ``d``); every
-    line is the mean over repeats:
+    line is the mean over repeats (columns: :data:`dpaudit.bounds.SWEEP_COLUMNS`):
 
-    - solid, thick, min-max band over repeats: ``eps_lb_delta``, the (eps, delta) lower
-      bound of Steinke, Nasr & Jagielski (2023) App. D at the k of the Bonferroni sweep
-      (valid 95%); the primary line, comparable with the true eps(delta);
+    - solid, thick, min-max band over repeats: ``eps_lb``, the (eps, delta) lower bound of
+      Steinke, Nasr & Jagielski (2023) App. D (valid 95%); the primary line, comparable
+      with the true eps(delta);
+    - dash-dot, diamonds: ``eps_lb_fdp``, the (eps, delta) bound of the f-DP analysis of
+      Mahloujifar, Melis & Chaudhuri (2025), same guesses and level (valid 95%);
     - dotted black: the true eps at the table's delta of the calibrated sigma;
     - dashed, open squares: ``eps_hat_max``, the homework's largest eps-hat over m1, each at
       95% (an estimate: the maximum is no 95% bound);
-    - thin solid: ``eps_lb``, the pure-eps bound with Bonferroni over m1 (valid 95% for
+    - thin solid: ``eps_lb_pure``, the pure-eps bound with Bonferroni over m1 (valid 95% for
       pure eps-DP, which the Gaussian mechanism is not: not comparable with eps(delta));
-    - thin dash-dot: ``eps_lb_hoeffding``, the closed-form Hoeffding pure-eps bound
-      (valid 95%, looser than ``eps_lb``).
+    - thin dash-dot: ``eps_lb_pure_hoeffding``, the closed-form Hoeffding pure-eps bound
+      (valid 95%, looser than ``eps_lb_pure``).
     """
     if grid not in _XLABEL:
         raise ValueError(f"grid={grid!r}: must be one of {sorted(_XLABEL)}")
@@ -46,19 +51,22 @@ def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> No
     fig, axes = figure(1, len(cals), sharey=True, squeeze=False)
     for ax, cal in zip(axes[0], cals):
         g = df[df.calibration == cal].groupby(grid).agg(
-            lbd=("eps_lb_delta", "mean"), lo=("eps_lb_delta", "min"),
-            hi=("eps_lb_delta", "max"), lb=("eps_lb", "mean"),
-            hoeff=("eps_lb_hoeffding", "mean"), hw=("eps_hat_max", "mean"),
+            lb=("eps_lb", "mean"), lo=("eps_lb", "min"), hi=("eps_lb", "max"),
+            fdp=("eps_lb_fdp", "mean"), pure=("eps_lb_pure", "mean"),
+            hoeff=("eps_lb_pure_hoeffding", "mean"), hw=("eps_hat_max", "mean"),
             true=("true_eps", "first")).reset_index()
         c = COLORS[cal]
         x = g[grid]
         ax.plot(x, g.true, ":", color=COLORS["theory"], lw=1.8, label=LABELS["true"], zorder=5)
         ax.fill_between(x, g.lo, g.hi, color=c, alpha=0.2, lw=0, zorder=1)
-        ax.plot(x, g.lbd, "o-", color=c, lw=2.4, ms=5, label=LABELS["eps_lb_delta"], zorder=3)
+        ax.plot(x, g.lb, "o-", color=c, lw=2.4, ms=5, label=LABELS["eps_lb"], zorder=3)
+        ax.plot(x, g.fdp, "D-.", color="#ff7f0e", lw=1.4, ms=3.5, label=LABELS["eps_lb_fdp"],
+                zorder=4)
         ax.plot(x, g.hw, "s--", color="#9467bd", mfc="white", mew=1.3, lw=1.6,
                 label=LABELS["eps_hat_max"], zorder=4)
-        ax.plot(x, g.lb, ".-", color="#7f7f7f", lw=0.9, ms=3, label=LABELS["eps_lb"], zorder=4)
-        ax.plot(x, g.hoeff, "-.", color="#2ca02c", lw=1.0, label=LABELS["eps_lb_hoeffding"],
+        ax.plot(x, g.pure, ".-", color="#7f7f7f", lw=0.9, ms=3, label=LABELS["eps_lb_pure"],
+                zorder=4)
+        ax.plot(x, g.hoeff, "-.", color="#2ca02c", lw=1.0, label=LABELS["eps_lb_pure_hoeffding"],
                 zorder=4)
         if grid == "m":
             ax.set_xscale("log", base=2)
