@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run_one(spec: dict, grid: str, seed: int, threads: int) -> None:
     """Child process: run one grid and print its time and peak memory as JSON."""
-    from dpaudit.gaussian import audit_grid
+    from dpaudit.experiments.gaussian_sum import audit_grid
 
     axes = spec["grids"][grid]
     start = time.perf_counter()

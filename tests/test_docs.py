@@ -1,4 +1,5 @@
-"""README.md documents every config key of the schema and the CI's test command."""
+"""The documentation: the generated config reference, schema descriptions, the README's
+size and CI command, links between pages, and citations by author rather than by file."""
 
 from __future__ import annotations
 
@@ -9,68 +10,124 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-SCHEMA = ROOT / "config" / "schema.yaml"
+DOCS = ROOT / "docs"
+SCHEMA = ROOT / "src" / "dpaudit" / "schema.yaml"
+CONFIG_REFERENCE = ROOT / "config" / "README.md"
 CI = ROOT / ".ci" / "run"
 CI_MARKER = "# --- the README's test command, verbatim ---"
-
-#: Top-level config sections whose README docs may still be a placeholder line. While
-#: the README holds that line, the keys of the section are not required; once the line is
-#: filled in, they are.
-PENDING = {"jagielski": "JAGIELSKI_CONFIG_PLACEHOLDER", "data": "DATA_CONFIG_PLACEHOLDER"}
-
-
-def _readme_lines() -> list[str]:
-    return [line.strip() for line in README.read_text().splitlines()]
+README_MAX_LINES = 220
 
 
 def schema_keys(node: dict, prefix: str = "") -> list[str]:
-    """Dotted paths of every key under ``node``'s ``properties``, recursively.
+    """Dotted paths of every key under ``node``'s ``properties``, recursively."""
+    return list(dict.fromkeys(path for path, _ in schema_nodes(node, prefix)))
+
+
+def schema_nodes(node: dict, prefix: str = ""):
+    """``(dotted path, schema node)`` of every key under ``node``'s ``properties``.
 
     Anchors and aliases are already resolved by ``yaml.safe_load``. The walk also follows
     ``items`` (arrays of objects) and the branches of ``allOf``/``anyOf``/``oneOf``. Both
     kinds keep the path.
     """
-    keys: list[str] = []
     if not isinstance(node, dict):
-        return keys
+        return
     for name, sub in (node.get("properties") or {}).items():
         path = f"{prefix}.{name}" if prefix else name
-        keys.append(path)
-        keys.extend(schema_keys(sub, path))
+        yield path, sub
+        yield from schema_nodes(sub, path)
     if isinstance(node.get("items"), dict):
-        keys.extend(schema_keys(node["items"], prefix))
+        yield from schema_nodes(node["items"], prefix)
     for combinator in ("allOf", "anyOf", "oneOf"):
         for branch in node.get(combinator) or []:
-            keys.extend(schema_keys(branch, prefix))
-    return list(dict.fromkeys(keys))
+            yield from schema_nodes(branch, prefix)
 
+
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA.read_text())
+
+
+def _pages() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _without_code_blocks(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped (letters,
+    digits, spaces, hyphens and underscores kept), spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    anchors = set()
+    for line in _without_code_blocks(page.read_text()).splitlines():
+        match = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if match:
+            slug = _slug(match.group(1))
+            anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+# ---- the config reference --------------------------------------------------------------
 
 def test_schema_walk_sees_nested_and_aliased_keys():
-    keys = schema_keys(yaml.safe_load(SCHEMA.read_text()))
+    keys = schema_keys(_schema())
     for key in ("seed", "hw3.grids.eps.m", "hw3.grids.d.d", "accounting.composition.num_k",
-                "tramer.model.lr", "tramer.user.spec", "tramer.user.val_runs"):
+                "tramer.model.lr", "tramer.user.spec", "tramer.user.val_runs",
+                "jagielski.datasets.cifar.noise", "jagielski.datasets.cifar.pretrain_images"):
         assert key in keys, key
 
 
-def test_readme_documents_every_schema_key():
-    text = README.read_text()
-    lines = _readme_lines()
-    pending = {section for section, line in PENDING.items() if line in lines}
-    keys = schema_keys(yaml.safe_load(SCHEMA.read_text()))
-    assert keys, "no keys found in config/schema.yaml"
-    missing = [key for key in keys
-               if key.split(".")[0] not in pending and f"`{key}`" not in text]
-    assert not missing, (f"config keys not documented in README.md as `inline code`: {missing} "
-                         "(add them to the Configuration section)")
+def test_config_reference_is_generated_from_the_schema_and_current():
+    from dpaudit.config import reference_markdown
+
+    assert CONFIG_REFERENCE.read_text() == reference_markdown(), (
+        "config/README.md is out of date: run `python -m dpaudit.config > config/README.md`")
 
 
-def test_readme_has_no_unfilled_placeholders_or_dangling_data_anchor():
-    lines = _readme_lines()
-    leftover = [line for line in lines
-                if re.fullmatch(r"[A-Z_]*PLACEHOLDER", line) and line not in PENDING.values()]
-    assert not leftover, leftover
-    if "](#data)" in README.read_text():
-        assert "## Data" in lines
+def test_every_schema_key_has_a_description():
+    schema = _schema()
+    assert str(schema.get("description", "")).strip(), "the schema has no top-level description"
+    assert "config/README.md" in schema["description"], "the schema should point to config/README.md"
+    nodes = list(schema_nodes(schema))
+    assert nodes, f"no keys found in {SCHEMA}"
+    missing = [path for path, node in nodes if not str(node.get("description", "")).strip()]
+    assert not missing, f"schema keys without a description: {missing}"
+
+
+def test_quick_config_is_an_overlay_of_only_the_keys_that_change():
+    full = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    quick = yaml.safe_load((ROOT / "config" / "quick.yaml").read_text())
+
+    def leaves(node, prefix=()):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from leaves(value, (*prefix, key))
+            else:
+                yield (*prefix, key), value
+
+    for path, value in leaves(quick):
+        base = full
+        for key in path:
+            assert isinstance(base, dict) and key in base, (
+                f"config/quick.yaml sets {'.'.join(path)}, which config/config.yaml lacks")
+            base = base[key]
+        assert base != value, (f"config/quick.yaml repeats {'.'.join(path)} = {value!r} "
+                               "from config/config.yaml: an overlay holds only what changes")
+
+
+# ---- README and docs -------------------------------------------------------------------
+
+def test_readme_is_short():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move details to docs/")
 
 
 def test_readme_contains_the_ci_test_command_verbatim():
@@ -83,3 +140,45 @@ def test_readme_contains_the_ci_test_command_verbatim():
     blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
     assert any(command in block for block in blocks), (
         f"README.md has no code block containing the CI test command {command!r}")
+
+
+def test_docs_have_no_unfilled_placeholders():
+    leftover = [f"{page.name}: {line.strip()}" for page in _pages()
+                for line in page.read_text().splitlines()
+                if re.fullmatch(r"[A-Z_]*PLACEHOLDER", line.strip())]
+    assert not leftover, leftover
+
+
+def test_relative_links_in_readme_and_docs_point_to_existing_files_and_headings():
+    broken = []
+    for page in _pages():
+        text = _without_code_blocks(page.read_text())
+        for target in re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target, flags=re.I):  # http:, mailto:, ...
+                continue
+            path, _, fragment = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif fragment and dest.suffix == ".md" and fragment not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_doc_images_are_small():
+    big = [f"{path.relative_to(ROOT)}: {path.stat().st_size // 1024} KiB"
+           for path in sorted((DOCS / "img").glob("*")) if path.stat().st_size > 150 * 1024]
+    assert not big, f"images over 150 KiB (downscale them): {big}"
+
+
+def test_docs_cite_by_author_not_by_input_file_or_issue():
+    """Sources are cited by author and year (docs/references.md), never as the project's
+    input files ("seed 003") or its issue numbers ("issue 2 s.5")."""
+    pattern = re.compile(r"seed 00[0-9]|issue #?[0-9]+", flags=re.I)
+    texts = {page.relative_to(ROOT): page.read_text() for page in _pages()}
+    texts.update({path.relative_to(ROOT): path.read_text()
+                  for path in (CONFIG_REFERENCE, ROOT / "config" / "config.yaml",
+                               ROOT / "config" / "quick.yaml", SCHEMA)})
+    found = [f"{name}: {match.group(0)!r}" for name, text in texts.items()
+             for match in pattern.finditer(text)]
+    assert not found, found

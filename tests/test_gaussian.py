@@ -11,7 +11,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import special
 
 from dpaudit import bounds
-from dpaudit import gaussian as ga
+from dpaudit.experiments import gaussian_sum as ga
 from dpaudit.bounds import eps_lb_hoeffding, eps_lb_one_run
 from dpaudit.cli import SpecError, main
 from dpaudit.config import validate_section

@@ -8,7 +8,8 @@ import pytest
 import torch
 from scipy import stats
 
-from dpaudit import bounds, dpsgd, jagielski
+from dpaudit import bounds, dpsgd
+from dpaudit.experiments import jagielski
 
 
 def _task(rng, n=40, d=6, n_test=10):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import linalg, optimize, stats
 
-from dpaudit import ridge as rg
+from dpaudit.experiments import ridge as rg
 from dpaudit.cli import main
 from dpaudit.io import read_table
 

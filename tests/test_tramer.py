@@ -9,7 +9,8 @@ import pytest
 import torch
 from scipy import special, stats
 
-from dpaudit import canaries, subjects, tramer
+from dpaudit import canaries, subjects
+from dpaudit.experiments import tramer
 from dpaudit.cli import main
 from dpaudit.io import read_table
 

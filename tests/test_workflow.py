@@ -6,6 +6,7 @@ between releases), with ``--directory`` pointing at a temporary folder.
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import sys
@@ -26,8 +27,24 @@ def snakemake(*args, cwd=ROOT, timeout=900):
                            *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+def merged(base: dict, overlay: dict) -> dict:
+    """``base`` with ``overlay`` merged in as Snakemake merges ``--configfile`` files over
+    the default config: mappings key by key, recursively; any other value (lists included)
+    replaced whole. Neither argument is changed."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return copy.deepcopy(out)
+
+
 def load(name: str) -> dict:
-    return yaml.safe_load((ROOT / "config" / name).read_text())
+    """A config as the workflow sees it: ``config.yaml``, or an overlay such as
+    ``quick.yaml`` merged over it."""
+    cfg = yaml.safe_load((ROOT / "config" / name).read_text())
+    return cfg if name == "config.yaml" else merged(load("config.yaml"), cfg)
 
 
 def write_config(tmp_path: Path, cfg: dict) -> Path:

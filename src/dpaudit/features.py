@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .device import resolve
 from .data import DataNotFound, ImageData, load_cifar10, load_cifar100, to_float
 from .io import atomic_path
 
@@ -61,11 +62,6 @@ class CifarCNN(nn.Module):
         return self.head(self.features(x))
 
 
-def _device(device: str | torch.device | None) -> torch.device:
-    return torch.device(device if device is not None else
-                        ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
 def pretrain(images: np.ndarray, labels: np.ndarray, epochs: int, seed: int,
              device: str | torch.device | None = None, batch_size: int = 128,
              lr: float = 1e-3) -> tuple[CifarCNN, list[float]]:
@@ -73,7 +69,7 @@ def pretrain(images: np.ndarray, labels: np.ndarray, epochs: int, seed: int,
     cross-entropy and Adam; returns the model (eval mode) and the mean training loss of
     each epoch.  Initialisation and batch order depend only on ``seed`` (bitwise
     reproducible on CPU)."""
-    dev = _device(device)
+    dev = resolve(device)
     labels_t = torch.as_tensor(np.asarray(labels), dtype=torch.long)
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
@@ -101,7 +97,7 @@ def pretrain(images: np.ndarray, labels: np.ndarray, epochs: int, seed: int,
 def extract_features(model: CifarCNN, images: np.ndarray, batch_size: int = 1000,
                      device: str | torch.device | None = None) -> np.ndarray:
     """1024-d ReLU features ``(n, 1024)`` float32 of uint8 images, in batches."""
-    dev = _device(device)
+    dev = resolve(device)
     model = model.to(dev).eval()
     out = np.empty((len(images), FEATURE_DIM), dtype=np.float32)
     for start in range(0, len(images), batch_size):

@@ -3,7 +3,7 @@
 # writes their scores; a grid resumes cell by cell.  Figure 2 and Table 2 share cells.
 # Each job gets only the config values its output depends on, so growing a grid (more
 # clips, inits, eps) reruns no finished cell.
-from dpaudit.jagielski import AUDIT_KEYS, TASK_KEYS, cell_path, check_eps_labels, train_spec
+from dpaudit.experiments.jagielski import AUDIT_KEYS, TASK_KEYS, cell_path, check_eps_labels, train_spec
 
 FIGURES += ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
 JAG = config["jagielski"]

@@ -12,7 +12,7 @@ GRIDS = ("eps", "m", "d")
 
 
 def _audit(args) -> None:
-    from ..gaussian import audit_grid
+    from ..experiments.gaussian_sum import audit_grid
     from ..io import write_table
 
     spec = validate_section(args.spec, "hw3")

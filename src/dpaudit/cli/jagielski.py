@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
+from ..device import DEVICES, resolve
 from . import spec_arg
 
-from ..jagielski import AUDIT_KEYS, TASK_KEYS, TRAIN_KEYS
+from ..experiments.jagielski import AUDIT_KEYS, TASK_KEYS, TRAIN_KEYS
 
 
 def _train_schema() -> dict:
@@ -44,12 +45,9 @@ def _dpsgd_config(ds: dict, clip: float, noise: float, init: str, sampling: str)
                        "glorot", float(init[1:]))
 
 
-def _device(name: str | None):
-    return None if name in (None, "auto") else name
-
-
 def _task(args) -> None:
-    from .. import features, jagielski
+    from .. import features
+    from ..experiments import jagielski
 
     keys = [k for k in TASK_KEYS if k in section_schema("jagielski", "datasets", args.dataset)
             ["properties"]]
@@ -66,7 +64,7 @@ def _task(args) -> None:
                                           cifar100_root=data["cifar100_root"],
                                           pretrain_epochs=ds["pretrain_epochs"],
                                           pretrain_images=ds["pretrain_images"],
-                                          device=_device(args.device), log=log)
+                                          device=resolve(args.device), log=log)
     log(f"{prov['source']}: n={prov['n']}, ClipBKD label y_p={task.y_p}, "
         f"|x_p|={float((task.x_p ** 2).sum()) ** 0.5:.3g}")
     features.save_features(args.out, task.arrays(),
@@ -86,7 +84,8 @@ def _train(args) -> None:
     import pandas as pd
     import torch
 
-    from .. import dpsgd, features, jagielski
+    from .. import dpsgd, features
+    from ..experiments import jagielski
     from ..io import write_table
 
     spec = validate_section(args.spec, "jagielski", schema_node=_train_schema())
@@ -116,7 +115,7 @@ def _train(args) -> None:
     kept: dict = {}
     scores = jagielski.run_cell(task, args.attack, model, cfg, spec["ks"], spec["trials"],
                                 args.seed, (args.dataset, args.arch), init, spec["clipbkd_d0"],
-                                args.models_per_call, _device(args.device), log,
+                                args.models_per_call, resolve(args.device), log,
                                 keep if args.save_models else None)
     for side, parts in kept.items():
         params = dpsgd.Params([torch.cat(w) for w in zip(*(p.W for p in parts))],
@@ -134,7 +133,8 @@ def _train(args) -> None:
 def _audit(args) -> None:
     import pandas as pd
 
-    from .. import dpsgd, jagielski
+    from .. import dpsgd
+    from ..experiments import jagielski
     from ..io import read_table, write_table, write_text
 
     spec = validate_section(args.spec, "jagielski",
@@ -181,7 +181,8 @@ def register(subparsers) -> None:
     p.add_argument("--dataset", choices=["fmnist", "cifar"], required=True)
     p.add_argument("--data", type=spec_arg, required=True, help="the data config section")
     common(p, "the data set's section of jagielski.datasets")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (CIFAR pretraining)")
+    p.add_argument("--device", default="auto", choices=DEVICES,
+                   help="where the CIFAR feature extractor is pretrained")
     p.add_argument("--out", type=Path, required=True, help="task file (.npz)")
     p.set_defaults(func=_task)
 
@@ -203,7 +204,7 @@ def register(subparsers) -> None:
     p.add_argument("--init", required=True, help="'fixed' or 'g<Glorot scale>', e.g. g1")
     p.add_argument("--eps", required=True, help="eps label of the noise table (e.g. 8, inf)")
     p.add_argument("--init-file", type=Path, default=None, help="weights from jagielski-init")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
     p.add_argument("--models-per-call", type=int, default=0,
                    help="models trained at once (0: as many as fit)")
     p.add_argument("--save-models", type=int, default=0, metavar="N",

@@ -19,7 +19,7 @@ def _check(spec: dict) -> dict:
 
 def _audit(args) -> None:
     from ..io import write_table
-    from ..ridge import audit_table
+    from ..experiments.ridge import audit_table
 
     spec = _check(args.spec)
     df = audit_table(spec["n"], spec["d"], spec["m"], spec["lam"], spec["row_norm"],

@@ -45,7 +45,8 @@ def _positive_int(value: int, name: str, low: int = 1) -> int:
 def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, batch_runs: int,
            classes, label, spec: dict) -> dict:
     """Every check that can fail before training: claim, run counts, functions, specs."""
-    from .. import subjects, tramer
+    from .. import subjects
+    from ..experiments import tramer
 
     eps = _number(eps, "--eps (claimed epsilon)", 0.0)
     delta = _number(delta, "--delta (claimed delta)", 0.0, 1.0)
@@ -98,7 +99,8 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     import pandas as pd
     import torch
 
-    from .. import canaries, tramer
+    from .. import canaries
+    from ..experiments import tramer
     from ..data import load_fmnist
     from ..io import write_table
 
@@ -142,7 +144,7 @@ def _audit_impl(args) -> None:
 
 
 def _tramer_audit(args) -> None:
-    from ..tramer import SPEC_KEYS
+    from ..experiments.tramer import SPEC_KEYS
 
     sec = validate_section(args.spec, "tramer",
                            schema_node=subset_schema(SPEC_KEYS[args.target], "tramer"))

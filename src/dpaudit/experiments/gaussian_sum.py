@@ -47,7 +47,8 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from .bounds import delta_from_mu, eps_from_mu, guess_counts, one_run_sweep
+from .. import seeds
+from ..bounds import delta_from_mu, eps_from_mu, guess_counts, one_run_sweep
 
 #: Elements per canary block (4 MiB of float32); fixed, so the draws depend on
 #: (seed, repeat, m, d) only, not on threads or the cache size.
@@ -117,7 +118,7 @@ def _seeds(m: int, d: int, key) -> tuple[np.random.SeedSequence, np.random.SeedS
                                          list[np.random.SeedSequence]]:
     """(signs, noise, per-block) seed sequences of the draw ``key`` (ints, e.g. (seed, repeat))."""
     n_blocks = -(-m // block_rows(d))
-    children = np.random.SeedSequence([*map(int, key), m, d]).spawn(2 + n_blocks)
+    children = seeds.sequence(*map(int, key), m, d).spawn(2 + n_blocks)
     return children[0], children[1], children[2:]
 
 

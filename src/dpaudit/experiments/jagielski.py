@@ -33,8 +33,6 @@ of a grid sees the same batches and noise draws (paired comparisons across the g
 from __future__ import annotations
 
 import math
-import time
-import zlib
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -43,7 +41,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import bounds, canaries, dpsgd
+from .. import bounds, canaries, dpsgd, seeds
+from ..trials import Side, run as run_trials
 
 ATTACKS = ("mi", "backdoor", "clipbkd")
 DATASETS = ("fmnist", "cifar")
@@ -120,7 +119,7 @@ def fmnist_task(root=None, download: bool = False, seed: int = 0, pool_size: int
     random half of the 12,000 training images drawn with ``seed`` (n = 6000; seed 0 is
     the reference's subset), the whole 2-class test split, the backdoor pool drawn from the
     same random stream next (as ``make_old.py``), and the ClipBKD poison of norm 10."""
-    from . import data
+    from .. import data
 
     X, y = data.load_fmnist(root, (0, 1), seed=seed, download=download, **data_kw)
     X_test, y_test = data.load_fmnist(root, (0, 1), train=False, download=download, **data_kw)
@@ -144,7 +143,7 @@ def cifar_task(root=None, download: bool = False, tarball=None, cifar100_root=No
     patched backdoor pool (white 5x5 top-left patch on class-0 training images, label 1)
     and the patched class-0 test images to 1024-d features. The ClipBKD poison lives in
     feature space (the audited mechanism is DP-SGD on the head)."""
-    from . import data, features
+    from .. import data, features
 
     say = log or (lambda msg: None)
     pre = features.pretraining_data(root, features.AUDIT_CLASSES, cifar100_root, download,
@@ -225,12 +224,7 @@ def sides(task: Task, attack: str, ks, clipbkd_d0: str = "flipped"):
 def model_seeds(seed: int, dataset: str, arch: str, attack: str, side: str, trials: int) -> list[int]:
     """Distinct seeds of the T trials of one side, from the run seed and the side's name
     (not from C, the init or the noise: a grid's cells are paired)."""
-    key = zlib.crc32(f"{dataset}/{arch}/{attack}/{side}".encode())
-    state = np.random.SeedSequence([int(seed), key]).generate_state(trials, np.uint64) >> np.uint64(1)
-    seeds = [int(s) for s in state]
-    if len(set(seeds)) != trials:  # probability ~ trials^2 / 2^64
-        raise RuntimeError("model seed collision; change the seed")
-    return seeds
+    return seeds.int_seeds(trials, int(seed), f"{dataset}/{arch}/{attack}/{side}")
 
 
 #: Training and test points of the population MI estimate (the reference's ``mi``).
@@ -279,29 +273,23 @@ def run_cell(task: Task, attack: str, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDCo
     ``on_trained(side, seeds, params)`` sees every batch of trained models (to keep some).
     """
     K = models_per_call or dpsgd.pick_k(model, len(task.X), device, cfg)
-    rows, t0 = [], time.perf_counter()
-    last = t0
-    plan = sides(task, attack, ks, clipbkd_d0)
-    total, done = trials * len(plan), 0
-    for side, label, k, (X, y) in plan:
-        seeds = model_seeds(seed, *name, attack, side, trials)
-        Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
-        for start in range(0, trials, K):
-            chunk = seeds[start:start + K]
-            params = dpsgd.train(Xt, yt, model, cfg, chunk, init=init, device=device)
-            stats = score_models(params, model, task)
-            if on_trained is not None:
-                on_trained(side, chunk, params)
-            rows.append(pd.DataFrame({"side": side, "label": label, "k": k,
-                                      "trial": np.arange(start, start + len(chunk)),
-                                      "seed": chunk, **stats}))
-            done += len(chunk)
-            now = time.perf_counter()
-            if log is not None and (now - last >= 15 or start + K >= trials):
-                last, rate = now, done / (now - t0)
-                log(f"{attack} side {side}: {done}/{total} models, {rate:.2f} models/s, "
-                    f"about {(total - done) / rate:.0f} s left")
-    return pd.concat(rows, ignore_index=True)
+    data = {}
+    plan = []
+    for side, label, k, (X, y) in sides(task, attack, ks, clipbkd_d0):
+        data[side] = (torch.as_tensor(X), torch.as_tensor(y))
+        plan.append(Side(side, model_seeds(seed, *name, attack, side, trials),
+                                 {"label": label, "k": k}))
+
+    def train_score(side: Side, chunk: list[int]) -> dict:
+        params = dpsgd.train(*data[side.name], model, cfg, chunk, init=init, device=device)
+        if on_trained is not None:
+            on_trained(side.name, chunk, params)
+        return score_models(params, model, task)
+
+    scores = run_trials(plan, train_score, K, log, f"{attack} ")
+    return scores[["side", "label", "k", "trial", "seed"]
+                  + [c for c in scores.columns if c not in ("side", "label", "k", "trial",
+                                                            "seed")]]
 
 
 def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
@@ -404,7 +392,7 @@ def theoretical_eps(noise: float, n: int, cfg: dpsgd.DPSGDConfig, delta: float) 
     """eps_th of the cell's DP-SGD by the accountant Jagielski et al. used (``rdp_classic``)
     and the tight PLD accountant, sample rate ``B / n`` over the trained steps (Poisson
     subsampling, as the accountants assume); ``inf`` without noise."""
-    from . import accounting
+    from .. import accounting
 
     if noise == 0:
         return {"eps_th": math.inf, "eps_pld": math.inf}

@@ -42,18 +42,14 @@ import pandas as pd
 import torch
 from scipy import optimize
 
-from . import bounds, canaries
-from .canaries import Canary
+from .. import bounds, canaries, seeds
+from ..trials import Side, run as run_trials
+from ..canaries import Canary
 
 #: Seed 000's confidence: each claim holds with probability at least 1 - 1e-10.
 ALPHA = 1e-10
 VIOLATES = "violates its claimed guarantee"
 NO_VIOLATION = "no violation detected"
-#: Seed blocks: runs of block b get seeds ``seed * SEED_STRIDE + b * BLOCK + i``.
-BLOCKS = {("validation", False): 0, ("validation", True): 1,
-          ("evaluation", False): 2, ("evaluation", True): 3}
-BLOCK = 10**8
-SEED_STRIDE = len(BLOCKS) * BLOCK
 
 #: Keys of the ``tramer`` config section each audit depends on (``dpaudit tramer-audit
 #: --target``): the rule passes only these, so editing one audit never reruns the other.
@@ -69,39 +65,30 @@ Progress = Callable[[str], None]
 # ---- training runs --------------------------------------------------------------------
 
 def run_seeds(seed: int, split: str, canary_in: bool, count: int) -> list[int]:
-    """Distinct seeds of the ``count`` runs of one (split, side) block under master ``seed``."""
-    if count > BLOCK:
-        raise ValueError(f"at most {BLOCK} runs per block")
-    base = seed * SEED_STRIDE + BLOCKS[(split, canary_in)] * BLOCK
-    return list(range(base, base + count))
+    """Distinct 63-bit seeds of the ``count`` runs of one (split, side) under ``seed``
+    (:func:`dpaudit.seeds.int_seeds`, keyed by the split and the side)."""
+    return seeds.int_seeds(count, int(seed), f"tramer/{split}/{'in' if canary_in else 'out'}")
 
 
 def canary_log_probs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
-                     seeds: Sequence[int], spec: dict, insert_label: int | None = None,
-                     batch_runs: int = 1000, progress: Progress | None = None) -> np.ndarray:
-    """Log-probabilities (runs, C) that models trained by ``train_fn`` give the canary input ``x``.
-
-    One run per seed, ``batch_runs`` seeds per call of ``train_fn``; with ``insert_label``
-    the canary (x, insert_label) is appended once to the training data.  NaN outputs (a
-    diverged run) become -inf log-probabilities, i.e. infinite loss: a fixed decision.
+                     seeds: Sequence[int], spec: dict,
+                     insert_label: int | None = None) -> np.ndarray:
+    """Log-probabilities (runs, C) that ``len(seeds)`` models trained at once by
+    ``train_fn`` give the canary input ``x``; with ``insert_label`` the canary
+    (x, insert_label) is appended once to the training data.  NaN outputs (a diverged run)
+    become -inf log-probabilities, i.e. infinite loss: a fixed decision.
     """
     if insert_label is not None:
         X = torch.cat([X, x[None].to(X.dtype)])
         y = torch.cat([y, torch.tensor([insert_label], dtype=y.dtype)])
-    out = []
-    for start in range(0, len(seeds), batch_runs):
-        chunk = list(seeds[start:start + batch_runs])
-        predict = train_fn(X, y, chunk, spec)
-        with torch.no_grad():
-            logits = predict(x[None].to(X.dtype))
-        if logits.ndim != 3 or logits.shape[:2] != (len(chunk), 1):
-            raise ValueError(f"predict(x) returned shape {tuple(logits.shape)}; the contract is "
-                             f"(len(seeds)={len(chunk)}, len(x)=1, n_classes)")
-        lp = torch.log_softmax(logits[:, 0].to(torch.float64), dim=-1).cpu().numpy()
-        out.append(np.nan_to_num(lp, nan=-np.inf))
-        if progress:
-            progress(f"{start + len(chunk)}/{len(seeds)} runs")
-    return np.concatenate(out)
+    predict = train_fn(X, y, list(seeds), spec)
+    with torch.no_grad():
+        logits = predict(x[None].to(X.dtype))
+    if logits.ndim != 3 or logits.shape[:2] != (len(seeds), 1):
+        raise ValueError(f"predict(x) returned shape {tuple(logits.shape)}; the contract is "
+                         f"(len(seeds)={len(seeds)}, len(x)=1, n_classes)")
+    lp = torch.log_softmax(logits[:, 0].to(torch.float64), dim=-1).cpu().numpy()
+    return np.nan_to_num(lp, nan=-np.inf)
 
 
 # ---- statistics -----------------------------------------------------------------------
@@ -185,22 +172,35 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     """
     if runs < 1 or val_runs < 1:
         raise ValueError("runs and val_runs must be >= 1")
-    lp, label = {}, canary.label
-    for split, n in (("validation", val_runs), ("evaluation", runs)):
-        for canary_in in (False, True):
-            if canary_in and label is None:
-                label = canaries.least_likely_label(lp[("validation", False)])
-            tag = f"{split} runs {'with' if canary_in else 'without'} canary"
-            lp[(split, canary_in)] = canary_log_probs(
-                train_fn, X, y, canary.x, run_seeds(seed, split, canary_in, n), spec,
-                label if canary_in else None, batch_runs,
-                progress and (lambda msg, tag=tag: progress(f"{tag}: {msg}")))
-    loss = {key: -v[:, label] for key, v in lp.items()}
-    losses = pd.concat([pd.DataFrame({"split": split, "canary_in": canary_in,
-                                      "run": np.arange(len(v)),
-                                      "seed": run_seeds(seed, split, canary_in, len(v)),
-                                      "loss": v})
-                        for (split, canary_in), v in loss.items()], ignore_index=True)
+    label = canary.label
+
+    def side(split: str, canary_in: bool, n: int) -> Side:
+        return Side(f"{split} runs {'with' if canary_in else 'without'} canary",
+                    run_seeds(seed, split, canary_in, n),
+                    {"split": split, "canary_in": canary_in})
+
+    def train_score(side: Side, chunk: list[int]) -> dict:
+        insert = label if side.columns["canary_in"] else None
+        return {"log_prob": list(canary_log_probs(train_fn, X, y, canary.x, chunk, spec,
+                                                  insert))}
+
+    log = progress
+    # Without the canary first: its validation runs choose the label (when not given).
+    out = run_trials([side("validation", False, val_runs), side("evaluation", False, runs)],
+                     train_score, batch_runs, log)
+    if label is None:
+        label = canaries.least_likely_label(
+            np.stack(out[out.split == "validation"].log_prob.to_numpy()))
+    out = pd.concat([out, run_trials([side("validation", True, val_runs),
+                                      side("evaluation", True, runs)],
+                                     train_score, batch_runs, log)], ignore_index=True)
+    out["loss"] = [-lp[label] for lp in out.log_prob]
+    out = out.rename(columns={"trial": "run"})[["split", "canary_in", "run", "seed", "loss"]]
+    order = [("validation", False), ("validation", True), ("evaluation", False),
+             ("evaluation", True)]
+    groups = dict(list(out.groupby(["split", "canary_in"])))
+    losses = pd.concat([groups[key] for key in order], ignore_index=True)
+    loss = {key: groups[key].loss.to_numpy() for key in order}
     row = {"claimed_eps": claimed_eps, "delta": delta, "runs": runs, "val_runs": val_runs,
            "alpha": alpha, "canary": canary.kind, "canary_label": label, "seed": seed,
            **audit_losses(loss[("validation", True)], loss[("validation", False)],

@@ -44,7 +44,8 @@ import numpy as np
 import pandas as pd
 from scipy import linalg
 
-from .bounds import eps_from_mu, guess_counts, one_run_sweep
+from .. import seeds
+from ..bounds import eps_from_mu, guess_counts, one_run_sweep
 
 
 def _positive(name: str, value: float) -> float:
@@ -203,12 +204,12 @@ def audit_table(n: int, d: int, m: int, lam: float, R: float, B: float, label_no
     """Audit :func:`release` at every rho in ``rhos``, ``repeats`` one-run audits each.
 
     One base data set and canary set (from ``seed``); repeat ``r`` draws its inclusions
-    and standard-normal noise from ``default_rng([seed, r])`` at every rho (common
+    and standard-normal noise from ``seeds.rng(seed, r)`` at every rho (common
     random numbers: a row is reproducible from ``seed``, ``repeat`` and ``rho`` alone).
     One row per run with the theoretical eps at ``delta`` (both conversions of
     :func:`zcdp_to_dp`).
     """
-    data_rng = np.random.default_rng([seed])
+    data_rng = seeds.rng(seed)
     X, y = synthetic_data(n, d, R, B, label_noise, data_rng)
     Xc, yc = canaries(m, d, R, B, data_rng)
     M = residual_bound(R, B, lam, n + m)
@@ -217,7 +218,7 @@ def audit_table(n: int, d: int, m: int, lam: float, R: float, B: float, label_no
         eps_bs, eps_exact = zcdp_to_dp(rho, delta)
         for r in range(repeats):
             res = one_run_audit(X, y, Xc, yc, lam, R, B, rho, delta,
-                                np.random.default_rng([seed, r]), beta)
+                                seeds.rng(seed, r), beta)
             rows.append({"rho": rho, "eps_theory_bs": float(eps_bs),
                          "eps_theory_exact": float(eps_exact), "repeat": r, "seed": seed,
                          "n": n, "d": d, "m": m, "lam": lam, "R": R, "B": B, "M": M,
