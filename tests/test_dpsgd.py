@@ -283,3 +283,278 @@ def test_config_validation_names_the_field(field, value):
         D.DPSGDConfig(**kw)
     with pytest.raises(ValueError, match="arch"):
         D.ModelSpec("cnn", 3)
+
+
+# --- Gradient canaries (white-box one-run audits) -------------------------------------------
+
+def _canary_directions(kind, model, m, clip, seed=0):
+    """m canary directions of norm ``clip``: Dirac (one coordinate each) or dense random."""
+    if kind == "dirac":
+        return D.dirac_canaries(model, m, clip, seed, dtype=F64)
+    g = torch.Generator().manual_seed(seed)
+    d = torch.randn(m, model.n_params, generator=g, dtype=F64)
+    return d * (clip / torch.linalg.vector_norm(d, dim=1, keepdim=True))
+
+
+def _clipped_grad_flat(module, x, t, clip):
+    """clip_C of one example's gradient (torch.func), flattened in the trainer's layout."""
+    params = {k: v.detach() for k, v in module.named_parameters()}
+
+    def loss(p):
+        out = torch.func.functional_call(module, p, (x[None],))
+        return nn.functional.cross_entropy(out, t[None], reduction="sum")
+
+    grads = torch.func.grad(loss)(params)
+    # nn.Linear stores W^T: the trainer's W_l (fan_in, fan_out) row-major is weight.T.
+    flat = torch.cat([(g.T if g.dim() == 2 else g).reshape(-1) for g in grads.values()])
+    return flat * min(1.0, clip / float(torch.linalg.vector_norm(flat)))
+
+
+@pytest.mark.parametrize("noise_std", [0.0, 0.7])
+@pytest.mark.parametrize("kind", ["dirac", "dense"])
+def test_canaries_enter_the_update_as_clipped_sum_terms(kind, noise_std):
+    """Rate 1, one full-batch step: theta_1 = theta_1(no canaries) - lr/B sum_{j in} g_j, the
+    noise (and batches) of each model unchanged by the canary stream."""
+    X, y, model, init = _problem("fnn")
+    n, lr, clip, m = len(X), 0.3, 1.0, 6
+    cfg = D.DPSGDConfig(epochs=1, batch_size=n, lr=lr, clip=clip, noise_multiplier=0.0,
+                        init="fixed")
+    seeds = [3, 4, 5]
+    dirs = _canary_directions(kind, model, m, clip)
+    included = torch.tensor([[True] * m, [True, False] * (m // 2), [False] * m])
+    canaries = D.GradientCanaries(dirs, included, rate=1.0)
+    base = D.train_with_noise_std(X, y, model, cfg, seeds, noise_std, init=init, device="cpu")
+    run = D.train_with_noise_std(X, y, model, cfg, seeds, noise_std, init=init, device="cpu",
+                                 canaries=canaries)
+    assert isinstance(run, D.CanaryRun) and isinstance(base, D.Params)
+    want = D.flatten(base) - lr / n * included.to(F64) @ dirs
+    torch.testing.assert_close(D.flatten(run.params), want, rtol=0, atol=1e-12)
+    assert torch.equal(D.flatten(run.params)[2], D.flatten(base)[2])  # nothing included
+
+
+def test_canary_equals_an_extra_clipped_example():
+    """A canary equal to an extra example's clipped gradient at theta_0 moves one full-batch
+    step exactly as that example does (same divisor: lr scaled by n / (n + 1))."""
+    X, y, model, init = _problem("fnn", n=41)
+    module = _load(_module(model), init)
+    norms = D.grad_norms(init, X, y, model)[0]
+    extra = int(norms.argmax())  # clipped: its contribution has norm exactly C
+    clip, lr = 1.0, 0.3
+    assert norms[extra] > 3 * clip
+    rest = torch.arange(len(X)) != extra
+    Xr, yr, n = X[rest], y[rest], int(rest.sum())
+    g = _clipped_grad_flat(module, X[extra], y[extra], clip)
+    torch.testing.assert_close(torch.linalg.vector_norm(g), torch.tensor(clip, dtype=F64))
+
+    cfg_all = D.DPSGDConfig(epochs=1, batch_size=n + 1, lr=lr, clip=clip, noise_multiplier=0.0,
+                            init="fixed")
+    cfg_rest = D.DPSGDConfig(epochs=1, batch_size=n, lr=lr * n / (n + 1), clip=clip,
+                             noise_multiplier=0.0, init="fixed")
+    with_example = D.train(X, y, model, cfg_all, [0], init=init, device="cpu")
+    with_canary = D.train(Xr, yr, model, cfg_rest, [0], init=init, device="cpu",
+                          canaries=D.GradientCanaries(g[None], torch.ones(1, 1, dtype=torch.bool),
+                                                      rate=1.0))
+    without = D.train(Xr, yr, model, cfg_rest, [0], init=init, device="cpu")
+    torch.testing.assert_close(D.flatten(with_canary.params), D.flatten(with_example),
+                               rtol=0, atol=1e-12)
+    assert not torch.allclose(D.flatten(without), D.flatten(with_example), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["dirac", "dense"])
+def test_all_iterates_scores_sum_the_steps(kind):
+    """Noise 0, rate 1, full batches: scores = sum_t <theta_t - theta_{t+1}, g_j>, theta_t
+    recorded by a reference loop (t steps = t epochs); = the last-iterate score."""
+    X, y, model, init = _problem("fnn", n=30)
+    clip, T, m = 1.0, 4, 8
+    dirs = _canary_directions(kind, model, m, clip, seed=1)
+    included = torch.tensor([[True, False] * (m // 2), [False, True] * (m // 2)])
+    canaries = D.GradientCanaries(dirs, included, rate=1.0)
+    seeds = [1, 2]
+
+    def run(epochs):
+        cfg = D.DPSGDConfig(epochs=epochs, batch_size=len(X), lr=0.2, clip=clip,
+                            noise_multiplier=0.0, init="fixed")
+        return D.train(X, y, model, cfg, seeds, init=init, device="cpu", canaries=canaries)
+
+    thetas = [D.flatten(init).expand(2, -1)] + [D.flatten(run(t).params) for t in range(1, T + 1)]
+    ref = sum((thetas[t] - thetas[t + 1]) @ dirs.T for t in range(T))
+    got = run(T)
+    assert got.scores.dtype == F64 and got.scores.shape == (2, m)
+    torch.testing.assert_close(got.scores, ref, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(got.scores, D.last_iterate_scores(init, got.params, dirs),
+                               rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["dirac", "dense"])
+def test_all_iterates_likelihood_ratio(kind):
+    """llr = sum_t log(1 - q + q exp(mu z_t - mu^2/2)), z_t the step's inner product in noise
+    units (lr / B * noise_std * C^2), mu = C / noise_std. At q = 1 every term is linear, so
+    it telescopes to mu Z - T mu^2 / 2 with Z the last-iterate score in noise units; at
+    q < 1 each term lies above both log(1 - q) and log q + mu z - mu^2 / 2. None without
+    noise."""
+    X, y, model, init = _problem("fnn", n=30)
+    clip, T, m, sigma, lr = 1.0, 4, 8, 0.8, 0.2
+    dirs = _canary_directions(kind, model, m, clip, seed=1)
+    included = torch.tensor([[True, False] * (m // 2), [False, True] * (m // 2)])
+    mu, unit = 1 / sigma, lr / len(X) * sigma * clip * clip
+
+    def run(q, noise=sigma):
+        cfg = D.DPSGDConfig(epochs=T, batch_size=len(X), lr=lr, clip=clip,
+                            noise_multiplier=noise, init="fixed")
+        return D.train(X, y, model, cfg, [1, 2], init=init, device="cpu",
+                       canaries=D.GradientCanaries(dirs, included, rate=q))
+
+    got = run(1.0)
+    Z = D.last_iterate_scores(init, got.params, dirs) / unit
+    torch.testing.assert_close(got.llr, mu * Z - T * mu ** 2 / 2, rtol=1e-5, atol=1e-4)
+    got = run(0.3)
+    Z = D.last_iterate_scores(init, got.params, dirs) / unit
+    assert (got.llr >= T * math.log(0.7) - 1e-9).all()
+    assert (got.llr >= T * math.log(0.3) + mu * Z - T * mu ** 2 / 2 - 1e-4).all()
+    assert run(0.3, noise=0.0).llr is None
+
+
+@pytest.mark.parametrize("kind", ["dirac", "dense"])
+def test_scores_telescope_with_noise_poisson_and_several_chunks(kind):
+    """Noise, Poisson sampling of data and canaries, 2 chunks of draws (float32): the summed
+    step scores equal <theta_0 - theta_T, g_j> up to rounding."""
+    g = torch.Generator().manual_seed(3)
+    X, y = torch.randn(40, 6, generator=g), torch.randint(0, 2, (40,), generator=g)
+    model = D.ModelSpec("fnn", 6, hidden=5)
+    cfg = D.DPSGDConfig(epochs=20, batch_size=10, lr=0.2, clip=1.0, noise_multiplier=1.0,
+                        sampling="poisson")
+    assert cfg.steps(40) > cfg.chunk_steps(40)
+    dirs = _canary_directions(kind, model, 10, 1.0).float()
+    included = torch.rand(3, 10, generator=g) < 0.5
+    run = D.train(X, y, model, cfg, [4, 5, 6], device="cpu",
+                  canaries=D.GradientCanaries(dirs, included, rate=0.3))
+    last = D.last_iterate_scores(D.init_params(model, 3, [4, 5, 6]), run.params, dirs)
+    torch.testing.assert_close(run.scores, last, rtol=1e-4, atol=1e-5)
+
+
+def test_flatten_is_the_noise_layout():
+    model = D.ModelSpec("fnn", 5, hidden=3, n_classes=4)
+    params = D.init_params(model, 2, [0, 1], dtype=F64)
+    flat = D.flatten(params)
+    assert flat.shape == (2, model.n_params)
+    for k in range(2):
+        assert torch.equal(flat[k], _flat(params, k))
+    views = D._noise_views(flat, params)
+    assert all(torch.equal(v, t) for v, t in zip(views, D._tensors(params)))
+    dirac = D.dirac_canaries(model, 7, 2.5, 0)
+    assert dirac.shape == (7, model.n_params) and (dirac.count_nonzero(1) == 1).all()
+    coords = dirac.nonzero()[:, 1]
+    assert len(set(coords.tolist())) == 7 and (coords < 5 * 3).all()  # first layer's W
+    assert torch.equal(dirac.sum(1), torch.full((7,), 2.5))
+
+
+@pytest.mark.parametrize("sampling", ["shuffle", "poisson"])
+def test_canaries_none_or_excluded_leave_training_unchanged(sampling):
+    g = torch.Generator().manual_seed(2)
+    X, y = torch.randn(90, 6, generator=g), torch.randint(0, 2, (90,), generator=g)
+    model = D.ModelSpec("fnn", 6, hidden=8)
+    cfg = D.DPSGDConfig(epochs=3, batch_size=20, lr=0.2, clip=1.0, noise_multiplier=1.3,
+                        sampling=sampling)
+    seeds = [7, 8, 9]
+    plain = D.train(X, y, model, cfg, seeds, device="cpu")
+    none = D.train(X, y, model, cfg, seeds, device="cpu", canaries=None)
+    assert isinstance(none, D.Params) and torch.equal(D.flatten(none), D.flatten(plain))
+    dirs = D.dirac_canaries(model, 20, 1.0, 0)
+    excluded = D.train(X, y, model, cfg, seeds, device="cpu",
+                       canaries=D.GradientCanaries(dirs, torch.zeros(3, 20, dtype=torch.bool)))
+    # Adding nothing changes no bit: the canary stream leaves batches and noise alone.
+    assert torch.equal(D.flatten(excluded.params), D.flatten(plain))
+    torch.testing.assert_close(
+        excluded.scores, D.last_iterate_scores(D.init_params(model, 3, seeds), plain, dirs),
+        rtol=1e-4, atol=1e-6)
+
+
+def test_included_dirac_canaries_score_higher():
+    """Noise 0: every included canary scores above every excluded one (each model)."""
+    g = torch.Generator().manual_seed(5)
+    n, d, clip, B = 20, 10, 2.0, 5
+    y = torch.randint(0, 2, (n,), generator=g)
+    X = (torch.randn(n, d, generator=g) + (2 * y[:, None] - 1)).double()
+    model = D.ModelSpec("fnn", d, hidden=8)
+    cfg = D.DPSGDConfig(epochs=40, batch_size=B, lr=0.1, clip=clip, noise_multiplier=0.0,
+                        sampling="poisson")
+    K, m = 4, 40
+    dirs = D.dirac_canaries(model, m, clip, 5, dtype=F64)
+    included = torch.stack([torch.randperm(m, generator=g) < m // 2 for _ in range(K)])
+    scores = D.train(X, y, model, cfg, [1, 2, 3, 4], device="cpu",
+                     canaries=D.GradientCanaries(dirs, included)).scores
+    top_half = scores.argsort(1, descending=True)[:, :m // 2]
+    assert included.gather(1, top_half).all()
+    # Mean "in" score near lr C^2 / B * (expected sampled steps = epochs, rate B/n).
+    assert 0.5 < scores[included].mean() / (cfg.lr * clip ** 2 / B * cfg.epochs) < 1.5
+
+
+def test_canary_sampling_is_poisson_with_the_data_rate():
+    """Canaries on weights of always-zero input features get no data gradient and do not
+    change the forward pass: with noise 0 the score is lr C^2 / B * #steps sampled, an
+    integer count, Binomial(T, q) when included (q = B/n by default), 0 when excluded;
+    the draws depend on the model's seed, not on which canaries are included."""
+    g = torch.Generator().manual_seed(6)
+    n, d, hidden, B, clip = 50, 8, 6, 10, 1.5
+    X = torch.randn(n, d, generator=g, dtype=F64)
+    X[:, :5] = 0  # features 0..4: rows 0..4 of W_0 = coordinates 0 .. 5 * hidden - 1
+    y = torch.randint(0, 2, (n,), generator=g)
+    model = D.ModelSpec("fnn", d, hidden=hidden)
+    cfg = D.DPSGDConfig(epochs=40, batch_size=B, lr=0.1, clip=clip, noise_multiplier=0.0,
+                        sampling="poisson")
+    m, T, q = 5 * hidden, cfg.steps(n), B / n
+    dirs = D.dirac_canaries(model, m, clip, 0, candidates=range(5 * hidden), dtype=F64)
+    inc_a = torch.rand(3, m, generator=g) < 0.5
+    inc_b = ~inc_a
+    inc_b[:, 0] = inc_a[:, 0] = True
+    counts = {}
+    for name, inc in (("a", inc_a), ("b", inc_b)):
+        s = D.train(X, y, model, cfg, [1, 2, 3], device="cpu",
+                    canaries=D.GradientCanaries(dirs, inc)).scores / (cfg.lr * clip ** 2 / B)
+        counts[name] = s.round()
+        torch.testing.assert_close(s, counts[name], rtol=0, atol=1e-9)
+        assert (counts[name][~inc] == 0).all()
+    both = inc_a & inc_b
+    assert torch.equal(counts["a"][both], counts["b"][both])
+    c = torch.where(inc_a, counts["a"], counts["b"])  # every (model, canary) once
+    assert abs(c.mean() - T * q) < 5 * math.sqrt(T * q * (1 - q) / c.numel())
+    assert stats.chi2.sf((c.numel() - 1) * c.var() / (T * q * (1 - q)), c.numel() - 1) > 1e-4
+    assert not torch.equal(c[0], c[1])  # each model its own draws
+    s1 = D.train(X, y, model, cfg, [1], device="cpu",
+                 canaries=D.GradientCanaries(dirs, inc_a[:1], rate=1.0)).scores
+    torch.testing.assert_close(s1[inc_a[:1]], torch.full_like(s1[inc_a[:1]],
+                                                              T * cfg.lr * clip ** 2 / B))
+
+
+def test_canary_validation_names_the_argument():
+    X, y, model, init = _problem("fnn", n=10)
+    cfg = D.DPSGDConfig(epochs=1, batch_size=5, lr=0.1, clip=1.0, noise_multiplier=1.0)
+    P, inc = model.n_params, torch.ones(2, 3, dtype=torch.bool)
+    good = D.dirac_canaries(model, 3, 1.0, 0, dtype=F64)
+    for bad, field in [
+        (lambda: D.GradientCanaries(good[0], inc), "canaries.directions"),
+        (lambda: D.GradientCanaries(good.long(), inc), "canaries.directions"),
+        (lambda: D.GradientCanaries(good, inc.float()), "canaries.included"),
+        (lambda: D.GradientCanaries(good, inc[:, :2]), "canaries.included"),
+        (lambda: D.GradientCanaries(good, inc, rate=0.0), "canaries.rate"),
+        (lambda: D.GradientCanaries(good, inc, rate=1.5), "canaries.rate"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            bad()
+    for canaries, field in [
+        (D.GradientCanaries(good[:, :-1], inc), "canaries.directions"),  # wrong P
+        (D.GradientCanaries(good * 1.001, inc), "canaries.directions"),  # norm != C
+        (D.GradientCanaries(good * float("nan"), inc), "canaries.directions"),
+        (D.GradientCanaries(good, inc[:1]), "canaries.included"),  # K rows
+        ((good, inc), "canaries"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            D.train(X, y, model, cfg, [1, 2], device="cpu", canaries=canaries)
+    D.train(X, y, model, cfg, [1, 2], device="cpu",
+            canaries=D.GradientCanaries(good * (1 + 1e-7), inc))  # within 1e-5
+    with pytest.raises(ValueError, match="m=0"):
+        D.dirac_canaries(model, 0, 1.0, 0)
+    with pytest.raises(ValueError, match="m=31"):
+        D.dirac_canaries(model, 31, 1.0, 0, candidates=range(30))
+    with pytest.raises(ValueError, match="candidates"):
+        D.dirac_canaries(model, 1, 1.0, 0, candidates=[P])

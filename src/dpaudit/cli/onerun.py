@@ -1,0 +1,80 @@
+"""``dpaudit onerun-audit`` and ``dpaudit onerun-plot``: one-run audits of DP-SGD beside
+the many-model audits of Jagielski et al. 2020 (:mod:`dpaudit.experiments.onerun`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..config import SpecError, section_schema, validate_section
+from ..device import DEVICES, resolve
+from . import spec_arg
+
+#: Keys of ``--train``: the DP-SGD set-up of the FMNIST cells of Jagielski et al.'s Figure 2.
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "hidden", "noise", "clip", "init")
+
+
+def _train_schema() -> dict:
+    fmnist = section_schema("jagielski", "datasets", "fmnist")["properties"]
+    fig2 = section_schema("jagielski", "fig2")["properties"]
+    props = {k: fmnist[k] for k in TRAIN_KEYS[:5]}
+    props["clip"] = fig2["clip"]
+    props["init"] = {"type": "number", "exclusiveMinimum": 0,
+                     "description": "Glorot-normal weights times this scale (a one-run audit "
+                                    "trains fresh models: no 'fixed' initialisation)"}
+    return {"type": "object", "additionalProperties": False, "required": list(TRAIN_KEYS),
+            "properties": props}
+
+
+def _audit(args) -> None:
+    from .. import features
+    from ..experiments import onerun
+    from ..experiments.jagielski import Task
+    from ..io import write_table
+
+    spec = validate_section(args.spec, "onerun")
+    train = validate_section(args.train, "onerun", schema_node=_train_schema())
+    missing = [e for e in spec["eps"] if e not in train["noise"]]
+    if missing:
+        raise SpecError(f"onerun.eps: {missing} are not keys of jagielski.datasets.fmnist.noise "
+                        f"(allowed: {sorted(train['noise'])})")
+    arrays, task_prov = features.load_features(args.task)
+    task = Task.from_arrays(arrays)
+    if "input" in spec["canaries"]:  # fail before training, naming the key
+        import numpy as np
+        try:
+            onerun.input_canaries(task, spec["m"], spec["input_kind"],
+                                  np.random.default_rng(0))
+        except ValueError as exc:
+            raise SpecError(f"onerun.m / onerun.input_kind: {exc}") from exc
+    df = onerun.audit_grid(task, spec, train, args.seed, resolve(args.device),
+                           log=lambda msg: print(f"dpaudit onerun-audit: {msg}", file=sys.stderr,
+                                                 flush=True))
+    write_table(df, args.out, {"command": "onerun-audit", "spec": spec, "train": train,
+                               "seed": args.seed, "device": args.device, "task": task_prov})
+
+
+def _plot(args) -> None:
+    from ..plots.onerun import plot_onerun
+
+    plot_onerun(args.table, args.out, args.many_model)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("onerun-audit", help="one-run audits of DP-SGD (input and "
+                                                    "gradient canaries)")
+    p.add_argument("--task", type=Path, required=True, help="FMNIST task from jagielski-task")
+    p.add_argument("--spec", type=spec_arg, required=True, help="the onerun config section")
+    p.add_argument("--train", type=spec_arg, required=True,
+                   help=f"DP-SGD set-up, JSON with keys {', '.join(TRAIN_KEYS)}")
+    p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
+    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+    p.set_defaults(func=_audit)
+
+    p = subparsers.add_parser("onerun-plot", help="draw the one-run audits against eps_th")
+    p.add_argument("--table", type=Path, required=True, help="CSV from onerun-audit")
+    p.add_argument("--many-model", type=Path, default=None,
+                   help="results/jagielski_fig2.csv, to draw the 1000-model ClipBKD bounds")
+    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.set_defaults(func=_plot)

@@ -1,0 +1,192 @@
+"""One-run audits of DP-SGD (Steinke, Nasr, Jagielski 2023; the f-DP analysis of
+Mahloujifar, Melis, Chaudhuri 2025), on the FMNIST task of Jagielski et al. 2020.
+
+One training run audits m canaries at once: canary j is included with probability 1/2
+(independently), the model is trained once, every canary is scored (higher = "in"), the
+auditor guesses the k highest "in" and the k lowest "out" for every k of a sweep, and
+:func:`dpaudit.bounds.one_run_sweep` turns the correct guesses into bounds. Canary types:
+
+``input`` (black box)
+    m training examples the model would not fit without them, added to the n = 6000
+    training rows when included; score = minus the final model's loss on the canary.
+    ``mislabelled``: held-out images (the 2-class test split) with the other label;
+    ``pca``: points along the m least-variance principal directions of the training data,
+    at ClipBKD's norm, with random labels (ClipBKD's direction, many times over).
+``dirac`` (white box)
+    m gradient canaries of norm C, one coordinate each (Nasr et al. 2023), on the
+    first-layer weights of the pixels with the least energy (their data gradients are
+    smallest), added to the clipped gradient sum at each step where Poisson sampling at the
+    data's rate B / n picks them (:class:`dpaudit.dpsgd.GradientCanaries`). Two threat
+    models: ``last-iterate`` (score <theta_0 - theta_T, g_j>) and ``all-iterates`` (every
+    update observed: the per-step likelihood ratio of "sampled at rate q" against "absent"
+    under the Gaussian noise, :attr:`dpaudit.dpsgd.CanaryRun.llr`; without noise it is
+    undefined and the last-iterate score is used).
+
+Accounting (``eps_th``): an included input canary is one more training row, so the
+accountant sees n + m/2 rows in expectation and the sampling rate B / (n + m/2); a
+gradient canary is sampled at B / n, as each data row; both over the trained steps, with
+the PLD accountant and with ``rdp_classic`` (Jagielski et al.'s), add/remove neighbours.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .. import accounting, bounds, dpsgd, seeds
+from .jagielski import Task
+
+CANARY_TYPES = ("input", "dirac")
+INPUT_KINDS = ("mislabelled", "pca")
+THREAT_MODELS = {"input": ("black-box",), "dirac": ("all-iterates", "last-iterate")}
+
+
+def input_canaries(task: Task, m: int, kind: str, rng: np.random.Generator
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """m input canaries ``(X (m, d), y (m,))`` of ``kind`` (module docstring)."""
+    if kind == "mislabelled":
+        if not 2 <= m <= len(task.X_test):
+            raise ValueError(f"m={m}: the mislabelled canaries need 2 <= m <= "
+                             f"{len(task.X_test)} held-out images")
+        pick = rng.choice(len(task.X_test), m, replace=False)
+        return task.X_test[pick].astype(np.float32), 1 - task.y_test[pick]
+    if kind == "pca":
+        d = task.X.shape[1]
+        if not 2 <= m <= d:
+            raise ValueError(f"m={m}: the pca canaries need 2 <= m <= d={d} directions")
+        Xc = task.X - task.X.mean(0)
+        _, _, vt = np.linalg.svd(Xc.astype(np.float64), full_matrices=False)
+        norm = float(np.linalg.norm(task.x_p))
+        return (norm * vt[-m:]).astype(np.float32), rng.integers(0, 2, m)
+    raise ValueError(f"kind={kind!r}: must be one of {INPUT_KINDS}")
+
+
+def quiet_coordinates(X: np.ndarray, model: dpsgd.ModelSpec, count: int) -> np.ndarray:
+    """First-layer weight coordinates (flattened layout) of the input features with the
+    least mean square over the data, at least ``count`` of them: their data gradients
+    (``x_i g``) are the smallest, so a Dirac canary there competes least with the data."""
+    fan_out = model.shapes[0][1]
+    order = np.argsort((np.asarray(X, np.float64) ** 2).mean(0), kind="stable")
+    rows = order[:max(1, -(-count // fan_out))]
+    return (rows[:, None] * fan_out + np.arange(fan_out)).ravel()
+
+
+def theoretical_eps(noise: float, n: int, cfg: dpsgd.DPSGDConfig, delta: float) -> dict:
+    """eps at ``delta`` of ``cfg.steps(n)`` steps at rate ``B / n`` (PLD and rdp_classic)."""
+    if noise == 0:
+        return {"eps_th": math.inf, "eps_th_rdp": math.inf}
+    q, steps = cfg.batch_size / n, cfg.steps(n)
+    return {"eps_th": accounting.epsilon(noise, q, steps, delta, "pld"),
+            "eps_th_rdp": accounting.epsilon(noise, q, steps, delta, "rdp_classic")}
+
+
+def _bounds(scores: np.ndarray, included: np.ndarray, max_k: int, delta: float,
+            beta: float) -> dict:
+    counts = bounds.guess_counts(scores, included, min(len(included) // 2, max_k))
+    res = bounds.one_run_sweep(len(included), counts, delta, beta)
+    out = {k: float(v) for k, v in res.items()}
+    out["r"] = 2 * int(res["best_k"])
+    out["v"] = int(res.pop("correct"))
+    return out
+
+
+def audit_input(task: Task, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, m: int, kind: str,
+                repeat_seeds: list[int], delta: float, beta: float, max_k: int,
+                device=None) -> list[dict]:
+    """Black-box audits with input canaries, one training run per seed."""
+    rows = []
+    X, y = torch.as_tensor(task.X), torch.as_tensor(task.y)
+    for seed in repeat_seeds:
+        rng = seeds.rng(seed, "input-canaries")
+        Xc, yc = input_canaries(task, m, kind, rng)
+        inc = rng.random(m) < 0.5
+        Xt = torch.cat([X, torch.as_tensor(Xc[inc])])
+        yt = torch.cat([y, torch.as_tensor(yc[inc]).to(y.dtype)])
+        params = dpsgd.train(Xt, yt, model, cfg, [seed], device=device)
+        losses = dpsgd.losses(params, torch.as_tensor(Xc).to(params.W[0].device),
+                              torch.as_tensor(yc), model)
+        scores = -losses.cpu().numpy().astype(np.float64)[0]
+        rows.append({"threat_model": "black-box", "seed": seed, "n": len(Xt),
+                     **_bounds(scores, inc, max_k, delta, beta)})
+    return rows
+
+
+def audit_dirac(task: Task, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, m: int,
+                repeat_seeds: list[int], delta: float, beta: float, max_k: int,
+                device=None) -> list[dict]:
+    """White-box audits with Dirac gradient canaries: the runs of ``repeat_seeds`` trained
+    at once (one model each), scored under both threat models."""
+    K = len(repeat_seeds)
+    rng = seeds.rng(repeat_seeds[0], "dirac-canaries")
+    dirs = dpsgd.dirac_canaries(model, m, cfg.clip, rng.integers(2**63),
+                                quiet_coordinates(task.X, model, 2 * m))
+    inc = torch.as_tensor(np.stack([seeds.rng(s, "dirac-inclusion").random(m) < 0.5
+                                    for s in repeat_seeds]))
+    X, y = torch.as_tensor(task.X), torch.as_tensor(task.y)
+    # theta_0 as the trainer draws it, on the same device (init draws differ across devices)
+    theta0 = dpsgd.init_params(model, K, repeat_seeds, cfg.init_scale, device=device)
+    run = dpsgd.train(X, y, model, cfg, repeat_seeds, device=device,
+                      canaries=dpsgd.GradientCanaries(dirs, inc))
+    # Without noise the per-step likelihood ratio is undefined: the summed steps instead,
+    # which telescope to the last-iterate score.
+    scores = {"all-iterates": (run.scores if run.llr is None else run.llr).cpu().numpy(),
+              "last-iterate": dpsgd.last_iterate_scores(theta0, run.params, dirs).cpu().numpy()}
+    rows = []
+    for threat, sc in scores.items():
+        for k, seed in enumerate(repeat_seeds):
+            rows.append({"threat_model": threat, "seed": seed, "n": len(X),
+                         **_bounds(sc[k], inc[k].numpy(), max_k, delta, beta)})
+    return rows
+
+
+def audit_grid(task: Task, spec: dict, train: dict, seed: int, device=None,
+               log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Every (arch, canary type, eps label, repeat) of the ``onerun`` config section
+    ``spec``, with the DP-SGD set-up ``train`` (epochs, batch_size, lr, hidden, clip,
+    init scale, noise table). One row per run and threat model."""
+    say = log or (lambda msg: None)
+    rows, t0, trained = [], time.perf_counter(), 0
+    n, m = len(task.X), spec["m"]
+    for arch in spec["archs"]:
+        model = dpsgd.ModelSpec(arch, task.X.shape[1], train["hidden"])
+        for canary in spec["canaries"]:
+            # Paired across eps: a repeat's seed (inclusions, batches, noise) depends on the
+            # arch, the canary type and the repeat only.
+            repeat_seeds = seeds.int_seeds(spec["repeats"], seed, f"onerun/{arch}/{canary}")
+            for label in spec["eps"]:
+                noise = float(train["noise"][label])
+                cfg = dpsgd.DPSGDConfig(train["epochs"], train["batch_size"], train["lr"],
+                                        train["clip"], noise, "shuffle", "glorot",
+                                        train["init"])
+                if canary == "input":
+                    got = audit_input(task, model, cfg, m, spec["input_kind"], repeat_seeds,
+                                      spec["delta"], spec["beta"], spec["max_k"], device)
+                    n_acc = n + m // 2
+                else:
+                    got = audit_dirac(task, model, cfg, m, repeat_seeds, spec["delta"],
+                                      spec["beta"], spec["max_k"], device)
+                    n_acc = n
+                th = theoretical_eps(noise, n_acc, cfg, spec["delta"])
+                trained += len(repeat_seeds)
+                for i, row in enumerate(got):
+                    rows.append({"arch": arch, "canary": canary,
+                                 "input_kind": spec["input_kind"] if canary == "input" else "",
+                                 "eps_label": label, "noise": noise, **th,
+                                 "n_accounted": n_acc, "sample_rate": cfg.batch_size / n_acc,
+                                 "steps": cfg.steps(n_acc), "m": m, "delta": spec["delta"],
+                                 "beta": spec["beta"],
+                                 "repeat": i % len(repeat_seeds), **row,
+                                 "models_trained": 1})
+                best = max(r["eps_lb"] for r in got)
+                say(f"{arch} {canary} eps {label}: best eps_lb {best:.3f} (eps_th "
+                    f"{th['eps_th']:.3g}); {trained} models in {time.perf_counter() - t0:.0f} s")
+    return pd.DataFrame(rows)
+
+
+__all__ = ["CANARY_TYPES", "INPUT_KINDS", "THREAT_MODELS", "input_canaries",
+           "quiet_coordinates", "theoretical_eps", "audit_input", "audit_dirac", "audit_grid"]

@@ -1,0 +1,97 @@
+"""Figure: one-run audits of DP-SGD against eps_th, beside the many-model ClipBKD audit."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ..io import read_table
+from .jagielski import ARCH_NAMES, eps_label
+from .style import COLORS, figure, save
+
+#: (canary, threat model) -> (legend name, colour).
+LINES = {("input", "black-box"): ("black-box input canaries", "#2ca02c"),
+         ("dirac", "last-iterate"): ("white-box Dirac canaries, last iterate", "#1f77b4"),
+         ("dirac", "all-iterates"): ("white-box Dirac canaries, all iterates", "#d62728")}
+
+
+def _order(labels) -> list[str]:
+    return sorted(set(labels), key=lambda e: math.inf if e == "inf" else float(e))
+
+
+def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
+                many_model: str | os.PathLike | None = None) -> None:
+    """One panel per model, the eps_th labels on the x axis (ticks give eps_th by PLD):
+
+    - per canary type and threat model (colour): solid with min-max band over repeats,
+      ``eps_lb_fdp``, the certified (eps, delta) bound of the f-DP analysis (Mahloujifar et
+      al. 2025); dashed, hollow: ``eps_lb``, Steinke et al.'s Appendix D bound on the same
+      guesses; both 95%, one training run each;
+    - black squares: the 1000-model audit's certified ClipBKD bound ``eps_lb`` (99%,
+      Bonferroni over k; a replacement of rows, bounded by 2 eps_th) of the same cells,
+      hollow grey: its best over k (the paper's statistic, not a 99% bound);
+    - dotted: eps_th (PLD, delta of the table) of the one-run audit's canaries.
+    """
+    df, _ = read_table(table)
+    df["eps_label"] = df.eps_label.map(eps_label)
+    mm = None
+    if many_model is not None:
+        mm, _ = read_table(many_model)
+        mm = mm[(mm.dataset == "fmnist") & (mm.attack == "clipbkd")].copy()
+        mm["eps_label"] = mm.eps_label.map(eps_label)
+    archs = [a for a in ARCH_NAMES if (df.arch == a).any()]
+    fig, axes = figure(1, len(archs), squeeze=False, sharey=True)
+    for ax, arch in zip(axes[0], archs):
+        sub = df[df.arch == arch]
+        labels = _order(sub.eps_label)
+        x = {e: i for i, e in enumerate(labels)}
+        th = sub[sub.canary == sub.canary.iloc[0]].groupby("eps_label").eps_th.first()
+        finite = [th[e] for e in labels if np.isfinite(th[e])]
+        top = max(finite) if finite else 1.0
+        ax.plot([x[e] for e in labels], [th[e] if np.isfinite(th[e]) else np.nan
+                                         for e in labels],
+                ":", color=COLORS["theory"], lw=1.4, label="eps_th (PLD) of the canaries")
+        for (canary, threat), (name, color) in LINES.items():
+            g = sub[(sub.canary == canary) & (sub.threat_model == threat)]
+            if g.empty:
+                continue
+            a = g.groupby("eps_label").agg(fdp=("eps_lb_fdp", "mean"),
+                                           lo=("eps_lb_fdp", "min"), hi=("eps_lb_fdp", "max"),
+                                           snj=("eps_lb", "mean"))
+            xs = [x[e] for e in a.index]
+            order = np.argsort(xs)
+            xs = np.array(xs)[order]
+            ax.fill_between(xs, a.lo.to_numpy()[order], a.hi.to_numpy()[order], color=color,
+                            alpha=0.15, lw=0)
+            ax.plot(xs, a.fdp.to_numpy()[order], "o-", color=color,
+                    label=f"{name}: f-DP bound, 95%")
+            ax.plot(xs, a.snj.to_numpy()[order], "o--", mfc="none", lw=1, color=color,
+                    alpha=0.8, label=f"{name}: Steinke et al. bound, 95%")
+        if mm is not None:
+            m = mm[(mm.arch == arch) & mm.eps_label.isin(labels)]
+            if not m.empty:
+                xs = [x[e] for e in m.eps_label]
+                ax.plot(xs, m.eps_lb, "s", color="black", ms=6,
+                        label=f"1000-model ClipBKD, 99% ({int(m.trials.max())} trials/side)")
+                ax.plot(xs, m.eps_lb_best_k, "s", mfc="none", color="#7f7f7f", ms=7,
+                        label="1000-model ClipBKD, best over k (not a 99% bound)")
+        ax.set_xticks(range(len(labels)),
+                      [f"{e}\n({th[e]:.2g})" if np.isfinite(th[e]) else f"{e}\n(inf)"
+                       for e in labels])
+        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.05 * top) if finite else None)
+        first = sub.iloc[0]
+        ax.set(title=f"FMNIST {ARCH_NAMES[arch]}, m = {int(first.m)}, "
+                     f"{sub.repeat.nunique()} runs per cell",
+               xlabel=f"eps_th label (eps_th by PLD at delta = {first.delta:g})",
+               ylabel="empirical eps lower bound")
+    handles = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=2,
+               bbox_to_anchor=(0.5, 0.0),
+               title="one training run per one-run bound; the 1000-model bound trains "
+                     "2 x 1000 models per k")
+    save(fig, out)

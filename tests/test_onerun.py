@@ -1,0 +1,125 @@
+"""One-run audits of DP-SGD: canaries, the grid, the CLI and the figure."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dpaudit import accounting, dpsgd
+from dpaudit.cli import main
+from dpaudit.experiments import onerun
+from dpaudit.experiments.jagielski import make_task
+from dpaudit.io import read_table
+
+NOISE = {"4": 1.55, "inf": 0.0}
+
+
+def _task(n=300, d=40, quiet=20, seed=0):
+    """Two Gaussian classes in d dimensions whose last ``quiet`` features are always 0."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    X = (rng.normal(size=(n, d)) * 0.3 + y[:, None] * 0.5).astype(np.float32)
+    X[:, d - quiet:] = 0
+    X_test = X[:100] + 0.01
+    return make_task(X, y, X_test, y[:100], X[:16], np.ones(16, np.int64), X[:4],
+                     np.ones(4, np.int64), clipbkd_norm=5.0)
+
+
+def _spec(**kw):
+    spec = {"m": 20, "repeats": 2, "archs": ["lr"], "eps": ["inf"], "canaries": ["dirac"],
+            "input_kind": "mislabelled", "max_k": 500, "beta": 0.05, "delta": 1e-5,
+            "compare_many_model": False}
+    return {**spec, **kw}
+
+
+TRAIN = {"epochs": 4, "batch_size": 50, "lr": 0.5, "hidden": 8, "noise": NOISE, "clip": 1.0,
+         "init": 1.0}
+
+
+def test_input_canaries_of_both_kinds():
+    task = _task()
+    rng = np.random.default_rng(1)
+    X, y = onerun.input_canaries(task, 30, "mislabelled", rng)
+    rows = [np.flatnonzero((task.X_test == x).all(1))[0] for x in X]
+    assert len(set(rows)) == 30 and np.array_equal(y, 1 - task.y_test[rows])
+    X, y = onerun.input_canaries(task, 5, "pca", rng)
+    np.testing.assert_allclose(np.linalg.norm(X, axis=1), np.linalg.norm(task.x_p), rtol=1e-5)
+    np.testing.assert_allclose(X @ X.T / np.linalg.norm(task.x_p) ** 2, np.eye(5), atol=1e-5)
+    # the least-variance directions: the data's spread along them is the smallest
+    spread = (task.X - task.X.mean(0)) @ X.T
+    assert spread.std(0).max() <= (task.X - task.X.mean(0)).std(0).max()
+    with pytest.raises(ValueError, match="m=101"):
+        onerun.input_canaries(task, 101, "mislabelled", rng)
+    with pytest.raises(ValueError, match="kind="):
+        onerun.input_canaries(task, 5, "other", rng)
+
+
+def test_quiet_coordinates_are_the_least_used_features():
+    task = _task()
+    model = dpsgd.ModelSpec("fnn", 40, 8)
+    coords = onerun.quiet_coordinates(task.X, model, 20)
+    rows = np.unique(coords // 8)
+    assert len(coords) == 24 and set(rows) <= set(range(20, 40))  # the all-zero features
+
+
+def test_theoretical_eps_counts_the_canaries():
+    cfg = dpsgd.DPSGDConfig(24, 250, 0.15, 1.0, 1.55)
+    th = onerun.theoretical_eps(1.55, 6500, cfg, 1e-5)
+    assert th["eps_th"] == pytest.approx(accounting.epsilon(1.55, 250 / 6500, cfg.steps(6500),
+                                                           1e-5, "pld"))
+    assert th["eps_th"] < th["eps_th_rdp"] and onerun.theoretical_eps(0.0, 6500, cfg,
+                                                                      1e-5)["eps_th"] == math.inf
+
+
+def test_white_box_canaries_without_noise_certify_a_clear_bound():
+    """No noise and canaries on features no example uses: every sampled canary moves its
+    coordinate and nothing else does, so every guess is right."""
+    task = _task()
+    model = dpsgd.ModelSpec("lr", 40)
+    cfg = dpsgd.DPSGDConfig(8, 50, 0.5, 1.0, 0.0)
+    rows = onerun.audit_dirac(task, model, cfg, 20, [11, 12], 1e-5, 0.05, 500)
+    assert {r["threat_model"] for r in rows} == {"all-iterates", "last-iterate"}
+    for r in rows:
+        assert r["v"] == r["r"] >= 12  # every guess right, as many as the split allows
+        # a perfect attack on r guesses at level beta / K (K = m/2 = 10): logit(level^(1/r))
+        perfect = math.log((0.005 ** (1 / r["r"])) / (1 - 0.005 ** (1 / r["r"])))
+        assert r["eps_lb_pure"] == pytest.approx(perfect, rel=1e-9) and perfect > 0.5
+        assert r["eps_lb_fdp"] >= r["eps_lb"] > 0.5
+
+
+def test_cli_audit_table_and_figure(tmp_path, capsys):
+    task = _task()
+    path = tmp_path / "task.npz"
+    from dpaudit import features
+    features.save_features(path, task.arrays(), {"command": "test"})
+    out = tmp_path / "onerun.csv"
+    spec = _spec(canaries=["input", "dirac"], eps=["4", "inf"], m=20)
+    assert main(["onerun-audit", "--task", str(path), "--spec", json.dumps(spec), "--train",
+                 json.dumps(TRAIN), "--seed", "3", "--out", str(out)]) == 0
+    df, meta = read_table(out)
+    assert meta["seed"] == 3 and meta["spec"] == spec
+    assert len(df) == 2 * 2 * (1 + 2)  # eps x repeats x (black-box + 2 white-box)
+    for col in ("eps_th", "eps_lb", "eps_lb_fdp", "mu_lb", "eps_gdp", "m", "r", "v",
+                "models_trained", "n_accounted", "sample_rate"):
+        assert col in df.columns, col
+    inp = df[df.canary == "input"]
+    assert (inp.n_accounted == 300 + 10).all() and (df[df.canary == "dirac"].n_accounted == 300).all()
+    finite = df[np.isfinite(df.eps_th)]
+    assert (finite.eps_lb_fdp <= finite.eps_th).all() and (df.eps_lb >= 0).all()
+    fig = tmp_path / "onerun.pdf"
+    assert main(["onerun-plot", "--table", str(out), "--out", str(fig)]) == 0
+    assert fig.stat().st_size > 1000 and fig.with_suffix(".png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"m": 1}, "onerun.m=1"), ({"canaries": ["other"]}, "onerun.canaries[0]='other'"),
+    ({"eps": ["3"]}, "onerun.eps: ['3']"), ({"bogus": 1}, "onerun.bogus: unknown key"),
+])
+def test_cli_bad_spec_names_the_key(tmp_path, capsys, change, message):
+    out = tmp_path / "x.csv"
+    assert main(["onerun-audit", "--task", str(tmp_path / "none.npz"), "--spec",
+                 json.dumps(_spec(**change)), "--train", json.dumps(TRAIN), "--seed", "0",
+                 "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err and not out.exists()
