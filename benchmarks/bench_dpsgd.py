@@ -1,4 +1,4 @@
-"""Speed of the batched DP-SGD trainer against Opacus and plain SGD (issue 3, "Speed").
+"""Speed of the batched DP-SGD trainer against Opacus and plain SGD.
 
 The FMNIST 2-layer setup of Jagielski et al. (2020): classes 0/1, a random half (n=6000,
 d=784), 784 -> 32 ReLU -> 2, batch 250, lr 0.15, clip 1, noise multiplier 1.01. Times, in

@@ -7,6 +7,10 @@ Each grid runs in its own process (as a Snakemake job does), so its peak residen
 memory (``ru_maxrss``) is its own.  Prints one line per grid and the total; the grids
 run one after another, each with ``--threads`` drawing threads, which is what
 ``snakemake --cores 2`` does with the ``threads: 2`` hw3 rules.
+
+``--config`` other than ``config/config.yaml`` is an overlay, as for Snakemake's
+``--configfile``: it is merged over ``config/config.yaml`` key by key, recursively, with
+lists replaced whole.
 """
 
 from __future__ import annotations
@@ -22,6 +26,27 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+BASE_CONFIG = ROOT / "config" / "config.yaml"
+
+
+def _merge(base: dict, overlay: dict) -> dict:
+    """``overlay`` over ``base`` as Snakemake merges a ``--configfile``: dicts recursively,
+    anything else (lists included) replaced whole."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: Path) -> dict:
+    """``config/config.yaml``, with ``path`` merged over it unless it is that file."""
+    config = yaml.safe_load(BASE_CONFIG.read_text())
+    if path.resolve() != BASE_CONFIG.resolve():
+        config = _merge(config, yaml.safe_load(path.read_text()) or {})
+    return config
 
 
 def _run_one(spec: dict, grid: str, seed: int, threads: int) -> None:
@@ -41,12 +66,13 @@ def _run_one(spec: dict, grid: str, seed: int, threads: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml")
+    parser.add_argument("--config", type=Path, default=BASE_CONFIG,
+                        help="config/config.yaml, or an overlay over it (config/quick.yaml)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grids", nargs="+", default=["eps", "m", "d"])
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    config = yaml.safe_load(args.config.read_text())
+    config = load_config(args.config)
     spec, seed = config["hw3"], config["seed"]
     if args.one:
         _run_one(spec, args.one, seed, args.threads)

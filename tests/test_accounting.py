@@ -11,7 +11,7 @@ from dpaudit import accounting as acc
 from dpaudit.cli import main
 from dpaudit.io import read_table
 
-# Jagielski et al. 2020 (seed 003, Table 2): FMNIST n = 6000, batch 250, 24 epochs.
+# Jagielski et al. 2020 (Table 2): FMNIST n = 6000, batch 250, 24 epochs.
 Q_JAG, T_JAG, DELTA = 250 / 6000, 24 * 24, 1e-5
 JAG_SIGMAS = {1: 5.02, 2: 2.68, 4: 1.55, 8: 1.01, 16: 0.73}
 
@@ -140,7 +140,8 @@ def test_advanced_composition_bounds_the_optimal_composition(eps0):
                  for f in acc.COMPOSITION_FORMS}
         assert all(v >= exact for v in forms.values()) and b >= exact
         assert forms["kov"] <= forms["drv"] and forms["kov"] <= forms["lecture"]
-    # advanced beats basic for many steps (seed 000's graph: from k ~ 55 on for eps0 = 0.1)
+    # advanced beats basic for many steps (the CSCI 699 Week 4 lecture's graph: from k ~ 55
+    # on for eps0 = 0.1)
     assert acc.advanced_composition(eps0, 1000, 1e-3, "lecture") < 1000 * eps0
 
 

@@ -1,4 +1,4 @@
-"""dpaudit.bounds: references (scipy, quadrature, dp_accounting, seed 000) and soundness.
+"""dpaudit.bounds: references (scipy, quadrature, dp_accounting, worked examples) and soundness.
 
 Soundness is checked by simulating audits of mechanisms whose epsilon is known and for
 which the audited event is *tight* (the likelihood ratio at the event equals the claimed
@@ -69,14 +69,16 @@ def test_group_privacy_root_satisfies_lemma_1():
     eps = eps_lb_clopper_pearson(450, 500, 10, 500, alpha=0.05, delta=delta, k=k)
     lo, _ = clopper_pearson(450, 500, 0.05)
     _, hi = clopper_pearson(10, 500, 0.05)
-    # seed 003 Lemma 1: p1 <= e^{k eps} p0 + delta (e^{k eps} - 1) / (e^eps - 1), tight here
+    # Jagielski et al. 2020 Lemma 1: p1 <= e^{k eps} p0 + delta (e^{k eps} - 1) / (e^eps - 1),
+    # tight here
     rhs = np.exp(k * eps) * hi + delta * np.expm1(k * eps) / np.expm1(eps)
     assert rhs == pytest.approx(lo, rel=1e-9)
     assert 0 < eps < np.log(lo / hi) / k
 
 
-def test_tramer_worked_check_seed_000():
-    # Seed 000: claimed (0.21, 1e-5); TPR 4.922 %, FPR 0.174 % over 1e5 runs per side;
+def test_tramer_worked_check():
+    # Tramer et al. 2022, as worked in the CSCI 699 Week 4 lecture: claimed (0.21, 1e-5);
+    # TPR 4.922 %, FPR 0.174 % over 1e5 runs per side;
     # Clopper-Pearson at p = 1e-10 gives alpha+ <= 0.95509, beta <= 0.00274: a violation.
     lo, _ = clopper_pearson(4922, 100_000, 1e-10)
     _, hi = clopper_pearson(174, 100_000, 1e-10)
@@ -119,7 +121,7 @@ def test_eps_from_mu_edges():
         eps_from_mu(-1.0, 1e-5)
 
 
-def test_one_run_pure_is_seed_004_eq1_and_matches_bisection():
+def test_one_run_pure_is_steinke_thm1_and_matches_bisection():
     m, beta = 1000, 0.05
     assert eps_lb_one_run(m, 1000, 520, beta=beta) == 0.0  # P[Bin(1000, 1/2) >= 520] > beta
     for r, v in [(10, 10), (100, 90), (500, 300), (1000, 560)]:
@@ -336,7 +338,7 @@ def test_soundness_one_run_gaussian_top_k_guesses():
 
 
 def test_published_maximum_of_jagielski_table_2():
-    # Seed 003, Table 2: with T = 500 evaluation trials per side at 99 % confidence a
+    # Jagielski et al. 2020, Table 2: with T = 500 evaluation trials per side at 99 % confidence a
     # perfect test (k = 1) certifies at most 4.54, the value in every eps_th = inf,
     # fixed-init cell.
     assert eps_lb_clopper_pearson(500, 500, 0, 500, alpha=0.01) == pytest.approx(4.54, abs=5e-3)

@@ -1,4 +1,5 @@
-"""ClipBKD, pixel backdoor and membership canaries (seed 003 Algorithms 3-4, make_new/make_old.py)."""
+"""ClipBKD, pixel backdoor and membership canaries (Jagielski et al. 2020, Algorithms 3-4;
+make_new/make_old.py)."""
 
 import numpy as np
 import pytest

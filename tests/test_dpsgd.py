@@ -1,4 +1,4 @@
-"""Batched DP-SGD trainer (seed 003 Alg. 1) against torch.func / Opacus / plain SGD references."""
+"""Batched DP-SGD trainer (Jagielski et al. 2020, Alg. 1) against torch.func / Opacus / plain SGD references."""
 
 import math
 

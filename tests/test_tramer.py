@@ -1,4 +1,4 @@
-"""Canary audits of DP training implementations (Tramer et al. 2022, seed 000)."""
+"""Canary audits of DP training implementations (Tramer et al. 2022)."""
 
 import math
 import textwrap
@@ -58,18 +58,19 @@ def _image_like(n=400, informative=8, blank=248, seed=0):
     return torch.cat([X, torch.zeros(n, blank)], 1), y
 
 
-# ---- the worked check of seed 000 -----------------------------------------------------
+# ---- the worked check of Tramer et al. 2022 (CSCI 699 Week 4 lecture) ---------------
 
-def test_seed000_worked_check_inconsistent_with_claim():
-    """Claimed (0.21, 1e-5); TPR 4922/1e5 and FPR 174/1e5 (seed 000) at p = 1e-10."""
+def test_worked_check_inconsistent_with_claim():
+    """Claimed (0.21, 1e-5); TPR 4922/1e5 and FPR 174/1e5 at p = 1e-10 (Tramer et al. 2022,
+    as worked in the CSCI 699 Week 4 lecture notes)."""
     n = 100_000
-    # Seed 000's numbers: alpha^+ (FNR upper bound) <= 0.95509 and the FPR bound 0.00274, from
+    # The lecture's numbers: alpha^+ (FNR upper bound) <= 0.95509 and the FPR bound 0.00274, from
     # one-sided Clopper-Pearson bounds at p/2 each -- scipy's two-sided exact interval at p.
     tpr_lo = stats.binomtest(4922, n).proportion_ci(1 - ALPHA, "exact").low
     fpr_hi = stats.binomtest(174, n).proportion_ci(1 - ALPHA, "exact").high
     assert 0.9550 < 1 - tpr_lo <= 0.95509
     assert round(fpr_hi, 5) == 0.00274
-    # Under the claim the FPR must be >= (1 - delta - FNR) / e^eps = 0.0398885... (seed 000)
+    # Under the claim the FPR must be >= (1 - delta - FNR) / e^eps = 0.0398885... (the lecture)
     # for the observed FNR, far above what the runs allow.
     assert (1 - DELTA - 0.95078) / math.exp(EPS) == pytest.approx(0.03988885074, abs=1e-11)
     assert (1 - DELTA - (1 - tpr_lo)) / math.exp(EPS) > 10 * fpr_hi

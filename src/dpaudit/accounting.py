@@ -21,7 +21,9 @@ References
   (Poisson-subsampling CLT, their eq. (6)).
 - [BBG18] Balle, Barthe, Gaboardi. Privacy Amplification by Subsampling. NeurIPS 2018.
 - [JUO20] Jagielski, Ullman, Oprea. Auditing Differentially Private Machine Learning.
-  NeurIPS 2020 (seed 003), whose epsilons come from the 2019 TF-Privacy accountant.
+  NeurIPS 2020, whose epsilons come from the 2019 TF-Privacy accountant.
+- Lecture notes: CSCI 699 (USC), Week 4: Gaussian DP and Privacy Auditing (composition
+  graph); "Understanding Privacy Leakage in Machine Learning (Part 1)" (blog post).
 """
 
 from __future__ import annotations
@@ -166,7 +168,8 @@ def noise_multiplier(eps: float, sample_rate: float, steps: int, delta: float,
 def basic_composition(eps0, delta0, k):
     """Basic composition: k adaptive (eps0, delta0)-DP steps are (k eps0, k delta0)-DP.
 
-    Dwork & Roth Theorem 3.16; seed 001 Theorem 1; seed 000 "simple k eps".  Broadcasts
+    Dwork & Roth Theorem 3.16; Theorem 1 of the blog post "Understanding Privacy Leakage
+    in Machine Learning (Part 1)"; "simple k eps" of the CSCI 699 Week 4 lecture.  Broadcasts
     over arrays of ``k``; returns ``(eps, delta)``.
     """
     k = np.asarray(k)
@@ -183,15 +186,17 @@ def advanced_composition(eps0, k, delta_prime, form: str = "drv"):
     bounds k times the per-step expected privacy loss (a KL divergence):
 
     - ``"drv"``: ``+ k eps0 (e^eps0 - 1)`` -- Dwork, Rothblum, Vadhan [DRV10] (Dwork & Roth
-      Thm 3.20), the "strong composition theorem" of [ACG+16].  Seed 001 eq. (2) states
+      Thm 3.20), the "strong composition theorem" of [ACG+16].  The blog post
+      "Understanding Privacy Leakage in Machine Learning (Part 1)", eq. (2), states
       this form but prints ``sqrt(2 T ln(1/delta') eps)``, eps inside the root: a typo.
     - ``"kov"``: ``+ k eps0 (e^eps0 - 1) / (e^eps0 + 1)`` -- Kairouz, Oh, Viswanath
       [KOV15] Theorem 3.4 (last term of its min; their delta is 1 - (1 - delta0)^k (1 -
       delta')).  The sharper bias ``eps0 tanh(eps0 / 2)`` is the exact worst-case KL.
-    - ``"lecture"``: ``+ k (e^eps0 - 1) / (e^eps0 + 1)`` -- seed 000 (theorem and graph
-      ``0.1 sqrt(2 x ln 1000) + x (e^0.1 - 1)/(e^0.1 + 1)``) as printed: the KOV form
-      without its factor eps0.  For eps0 <= 1 it is at least the KOV bound, hence valid
-      but loose; for eps0 > 1 it is below KOV and not a theorem, so it is refused.
+    - ``"lecture"``: ``+ k (e^eps0 - 1) / (e^eps0 + 1)`` -- the CSCI 699 Week 4 lecture
+      (theorem, and graph ``0.1 sqrt(2 x ln 1000) + x (e^0.1 - 1)/(e^0.1 + 1)``) as
+      printed: the KOV form without its factor eps0.  For eps0 <= 1 it is at least the
+      KOV bound, hence valid but loose; for eps0 > 1 it is below KOV and not a theorem,
+      so it is refused.
 
     Each form is a valid bound only as ``min(k eps0, ...)`` is; the raw expression is
     returned so figures can show where it beats basic composition.  Broadcasts over ``k``.
@@ -248,8 +253,8 @@ def sgd_strong_composition(sigma: float, sample_rate: float, steps: int, delta: 
     - ``"sound"``: a valid bound with the same theorem: ``eps0`` is the exact Gaussian
       epsilon at delta0 (the mechanism is 1/sigma-GDP; :func:`dpaudit.bounds.eps_from_mu`,
       i.e. Balle-Wang's analytic Gaussian), ``eps_step = log(1 + q (e^eps0 - 1))``
-      ([BBG18] Thm 8, seed 000 "subsampling amplification"), and the split of delta
-      minimizing eps (any split is valid, so a numerical minimum is too).
+      ([BBG18] Thm 8; "subsampling amplification" in the CSCI 699 Week 4 lecture), and
+      the split of delta minimizing eps (any split is valid, so a numerical minimum is too).
     """
     if variant not in STRONG_VARIANTS:
         raise ValueError(f"variant={variant!r}: must be one of {STRONG_VARIANTS}")
@@ -298,7 +303,8 @@ def abadi_fig2_table(sample_rate: float, sigma: float, delta: float,
 
 
 def composition_table(eps0: float, delta_prime: float, ks) -> pd.DataFrame:
-    """Seed 000's graph as a tidy table: eps of k eps0-DP steps at delta' vs k.
+    """The CSCI 699 Week 4 lecture's composition graph as a tidy table: eps of k
+    eps0-DP steps at delta' vs k.
 
     One row per (method, k): ``basic`` (k eps0, a pure-DP guarantee, so its ``delta`` is
     0), the :data:`COMPOSITION_FORMS` of :func:`advanced_composition` and ``optimal``

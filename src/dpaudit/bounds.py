@@ -14,12 +14,14 @@ The counting functions broadcast over array arguments and return a float for sca
 References
 ----------
 - [JUO20] Jagielski, Ullman, Oprea. Auditing Differentially Private Machine Learning: How
-  Private is Private SGD? NeurIPS 2020 (seed 003: Algorithm 2, Lemma 1).
+  Private is Private SGD? NeurIPS 2020 (Algorithm 2, Lemma 1).
 - [DRS19] Dong, Roth, Su. Gaussian Differential Privacy. JRSS-B 2022, Corollary 2.13.
 - [NHSB23] Nasr, Hayes, Steinke, Balle et al. Tight Auditing of Differentially Private
-  Machine Learning. USENIX Security 2023 (the GDP audit; seed 000).
+  Machine Learning. USENIX Security 2023 (the GDP audit, as presented in the CSCI 699
+  Week 4 lecture notes, Gaussian DP and Privacy Auditing).
 - [SNJ23] Steinke, Nasr, Jagielski. Privacy Auditing with One (1) Training Run. NeurIPS
-  2023: Theorem 1 / seed 004 eq. (1) (pure eps) and Appendix D (eps, delta).
+  2023: Theorem 1 (pure eps; eq. (1) of the DA 5001/6400 HW3 homework, IIT Madras 2024)
+  and Appendix D (eps, delta).
 - [MMC25] Mahloujifar, Melis, Chaudhuri. Auditing f-Differential Privacy in One Run.
   ICML 2025 (arXiv:2410.22235): the one-run guessing-game bound for any f-DP curve.
 """
@@ -188,7 +190,7 @@ def eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.01,
 
 
 def mu_lb_gdp(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.05):
-    """Lower bound on mu of mu-GDP ([DRS19] Def. 2.6; the test of [NHSB23], seed 000).
+    """Lower bound on mu of mu-GDP ([DRS19] Def. 2.6; the test of [NHSB23]).
 
     A mu-GDP algorithm has every test's FNR >= Phi(Phi^{-1}(1 - FPR) - mu), i.e.
     ``mu >= Phi^{-1}(TPR) - Phi^{-1}(FPR)``.  With the Clopper-Pearson lower bound on the
@@ -268,7 +270,7 @@ def _one_run_counts(m, r, v):
 def eps_lb_one_run(m, r, v, delta: float = 0.0, beta: float = 0.05):
     """One-run audit bound of [SNJ23]: m canaries, r guesses (the rest abstain), v correct.
 
-    Pure eps (seed 004 eq. 1, [SNJ23] Thm. 1): the largest eps with
+    Pure eps ([SNJ23] Thm. 1; eq. 1 of the HW3 homework): the largest eps with
     ``P[Bin(r, e^eps/(1+e^eps)) >= v] <= beta``.  That tail is the regularized incomplete
     beta function ``I_q(v, r - v + 1)``, so the boundary is the Clopper-Pearson lower
     bound ``q* = Beta(beta; v, r - v + 1)`` and ``eps = logit(q*)``, in closed form.  With

@@ -1,4 +1,4 @@
-"""Canaries and test statistics of Jagielski et al. 2020 (seed 003, Algorithms 3 and 4).
+"""Canaries and test statistics of Jagielski et al. 2020 ([JUO20], Algorithms 3 and 4).
 
 Every construction returns the two neighbouring training sets ``D0`` (canary out) and
 ``D1`` (canary in); every statistic maps per-model outputs to one score per model with
@@ -115,7 +115,7 @@ def logreg_proba(W: np.ndarray, b: np.ndarray, X: np.ndarray) -> np.ndarray:
 
 
 def clipbkd_point(X: np.ndarray, y: np.ndarray, norm: float = 10.0) -> tuple[np.ndarray, int]:
-    """ClipBKD poison (seed 003 Algorithm 4; ``make_new.py``): ``x_p = norm * v`` with ``v``
+    """ClipBKD poison ([JUO20] Algorithm 4; ``make_new.py``): ``x_p = norm * v`` with ``v``
     the :func:`least_variance_direction` of ``X`` and ``y_p`` the least likely class of
     ``x_p`` under a logistic regression fitted on the clean ``(X, y)`` (the reference's
     "pretrained model f"; ``argmin_i f(x_p)_i``, the class maximising the gradient norm)."""
@@ -151,7 +151,7 @@ def clipbkd_datasets(X: np.ndarray, y: np.ndarray, x_p: np.ndarray, y_p: int, k:
 
 
 def clipbkd_score(logits_p, y_p: int, logits_zero=None) -> np.ndarray:
-    """ClipBKD statistic per model: ``sum_m (f(x_p) - f(0))_{y_p}`` (seed 003 Algorithm 4,
+    """ClipBKD statistic per model: ``sum_m (f(x_p) - f(0))_{y_p}`` ([JUO20] Algorithm 4,
     CLIPBKDTEST) with ``logits_zero`` the logits at the all-zero input, or the reference's
     variant ``sum_m f(x_p)_{y_p}`` (raw logit; ``make_nps.py`` runs with ``subtract=False``)
     when ``logits_zero`` is None.  ``logits`` are pre-softmax, ``(K, m, C)``; higher = in.
@@ -182,7 +182,7 @@ def backdoor_pool(X: np.ndarray, y: np.ndarray, n_pool: int = 16, source: int = 
                   target: int = 1, rng: int | np.random.RandomState = 0,
                   image_shape: Sequence[int] | None = None, size: int = 5,
                   value: float = 1.0) -> Dataset:
-    """The backdoor poison candidates (seed 003 Algorithm 3; ``make_old.py``): ``n_pool``
+    """The backdoor poison candidates ([JUO20] Algorithm 3; ``make_old.py``): ``n_pool``
     training points of class ``source`` drawn without replacement by ``rng.choice``,
     patched by :func:`apply_patch`, labelled ``target``.  The reference uses source 0,
     target 1, ``n_pool = 16`` (the largest k), and its ``np.random.seed(0)`` stream right
@@ -215,7 +215,7 @@ def backdoor_test_set(X_test: np.ndarray, y_test: np.ndarray, source: int = 0, t
 
 def backdoor_score(losses) -> np.ndarray:
     """Backdoor statistic per model: ``-sum_m loss(f; Pert(x_m), y_target)`` over the
-    :func:`backdoor_test_set` (seed 003 Algorithm 3).  Negated so that higher = in: a
+    :func:`backdoor_test_set` ([JUO20] Algorithm 3).  Negated so that higher = in: a
     backdoored model gives the patched points the target label, i.e. a *low* loss.
     (The public ``make_nps.py`` instead scores the ClipBKD point for every attack.)"""
     return -_np(losses).sum(axis=-1)
@@ -267,13 +267,14 @@ class Canary:
 
 
 def checkerboard(X: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-    """The checkerboard image of seed 000: pixels alternate between the data's min and max.
+    """The checkerboard canary image (CSCI 699 Week 4 lecture notes, after Tramer et al.
+    2022): pixels alternate between the data's min and max.
 
     ``shape`` is the image shape of a row of ``X`` (default: square if ``d`` is a square,
     else a line).  Using the data's own range keeps the canary in the input domain
     whatever the preprocessing.  The alternating part of the pattern is nearly orthogonal
     to natural images, so a model can fit an arbitrary label on it at little cost on the
-    rest of the data (seed 000: "insert a unique image which the model is likely to
+    rest of the data (the lecture: "insert a unique image which the model is likely to
     memorize"); its mean brightness is shared with the data, which resists.
     """
     d = X.shape[1]
@@ -292,7 +293,7 @@ def make_canary(kind: str, X: torch.Tensor, y: torch.Tensor, label: int | None =
                 clipbkd_norm: float = 10.0) -> Canary:
     """The canary ``kind`` ('checkerboard' or 'clipbkd') for data (X, y).
 
-    'clipbkd' is ClipBKD of Jagielski et al. 2020 (seed 003, Algorithm 4) from
+    'clipbkd' is ClipBKD of Jagielski et al. 2020 (Algorithm 4) from
     :func:`dpaudit.canaries.clipbkd_point`: ``clipbkd_norm`` times the data's direction of
     least variance, labelled with the class a logistic regression fitted on (X, y) finds
     least likely.  For the checkerboard, ``label=None`` leaves the label to
@@ -308,6 +309,7 @@ def make_canary(kind: str, X: torch.Tensor, y: torch.Tensor, label: int | None =
 
 
 def least_likely_label(log_probs: np.ndarray) -> int:
-    """The "incorrect label" of seed 000: the class the models trained *without* the
-    canary find least likely for it (lowest mean probability over runs)."""
+    """The "incorrect label" of the CSCI 699 Week 4 lecture's account of Tramer et al.
+    2022: the class the models trained *without* the canary find least likely for it
+    (lowest mean probability over runs)."""
     return int(np.argmin(np.exp(log_probs).mean(axis=0)))

@@ -1,4 +1,4 @@
-"""Data sets of the DP-SGD audits (Jagielski et al. 2020, seed 003): Fashion-MNIST, CIFAR.
+"""Data sets of the DP-SGD audits (Jagielski et al. 2020): Fashion-MNIST, CIFAR.
 
 Every loader goes through torchvision's own readers, so a copy torchvision downloads
 (``download=True``, needs internet) and a local copy are read by the same code:

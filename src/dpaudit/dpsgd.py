@@ -1,6 +1,6 @@
 """Batched DP-SGD: K independent models trained at once, with exact per-example clipping.
 
-DP-SGD (Abadi et al. 2016, Alg. 1; Jagielski et al. 2020, Alg. 1 = seed 003). At each step
+DP-SGD (Abadi et al. 2016, Alg. 1; Jagielski et al. 2020, Alg. 1). At each step
 t, with batch B_t and clipping norm C, every model takes
 
     theta_{t+1} = theta_t - lr / B * ( sum_{i in B_t} clip_C(grad_i) + N(0, s^2 I) ),

@@ -1,4 +1,4 @@
-"""Frozen CNN features for the CIFAR-10 audits (Jagielski et al. 2020, seed 003 section 4).
+"""Frozen CNN features for the CIFAR-10 audits (Jagielski et al. 2020, section 4).
 
 The reference (``code/audit.py: build_model_cifar`` of jagielski/auditing-dpsgd) trains
 DP-SGD only on a new head over a frozen Keras CNN pretrained on CIFAR-100:

@@ -1,5 +1,5 @@
-# Accountant and composition curves (issue 2 section 5): Abadi et al. Fig. 2 and the
-# seed 000 composition graph.  Deterministic and CPU-only: one job per table.
+# Accountant and composition curves: Abadi et al. Fig. 2 and the composition graph of
+# the CSCI 699 Week 4 lecture notes.  Deterministic and CPU-only: one job per table.
 FIGURES += ["figures/abadi_fig2.pdf", "figures/composition.pdf"]
 
 

@@ -1,4 +1,5 @@
-# HW3 Q2 (seed 004 s.2): one-run audits of the Gaussian sum mechanism, one job per grid.
+# HW3 Q2 (DA 5001/6400 HW3, IIT Madras 2024, section 2): one-run audits of the Gaussian
+# sum mechanism, one job per grid.
 HW3_GRIDS = ["eps", "m", "d"]
 FIGURES.extend(f"figures/hw3_eps_vs_{grid}.pdf" for grid in HW3_GRIDS)
 

@@ -1,4 +1,4 @@
-# Jagielski et al. 2020 (seed 003): DP-SGD audits on FMNIST and CIFAR-10.  One job per
+# Jagielski et al. 2020: DP-SGD audits on FMNIST and CIFAR-10.  One job per
 # cell (data set, model, clip, init, eps, attack) trains all its models in batches and
 # writes their scores; a grid resumes cell by cell.  Figure 2 and Table 2 share cells.
 # Each job gets only the config values its output depends on, so growing a grid (more

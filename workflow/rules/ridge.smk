@@ -1,4 +1,4 @@
-# Private ridge regression (seed 004 section 1): one-run audits of output perturbation.
+# Private ridge regression (DA 5001/6400 HW3, section 1): one-run audits of output perturbation.
 FIGURES.append("figures/ridge_audit.pdf")
 
 

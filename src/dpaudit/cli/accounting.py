@@ -1,5 +1,6 @@
 """``dpaudit accounting-curves`` and ``dpaudit accounting-plot``: accountant and
-composition curves (Abadi et al. Fig. 2; seed 000's composition graph)."""
+composition curves (Abadi et al. Fig. 2; the composition graph of the CSCI 699 Week 4
+lecture notes)."""
 
 from __future__ import annotations
 

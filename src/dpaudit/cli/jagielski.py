@@ -1,4 +1,4 @@
-"""``dpaudit jagielski-*``: the DP-SGD audits of Jagielski et al. 2020 (seed 003).
+"""``dpaudit jagielski-*``: the DP-SGD audits of Jagielski et al. 2020.
 
 ``jagielski-task`` prepares a data set's task (FMNIST, or CIFAR-10 features of a
 pretrained CNN) once; ``jagielski-init`` draws the shared "fixed" initialisation;

@@ -3,7 +3,7 @@
 ``audit-impl`` trains a training function (a registry subject, ``buggy`` or ``fixed``, or a
 user's ``module.path:function``; contract in :mod:`dpaudit.subjects`) many times on
 Fashion-MNIST with and without a canary and tests its claimed (eps, delta) as in Tramer
-et al. 2022 (seed 000); see ``docs/audit_your_implementation.md``.  Every input is
+et al. 2022; see ``docs/audit_your_implementation.md``.  Every input is
 checked before any training starts.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from ..config import SpecError, subset_schema, validate_section
 from . import spec_arg
 
-#: Leading columns of the audit table (the issue's order); more follow.
+#: Leading columns of the audit table, in a fixed order; more follow.
 COLUMNS = ["implementation", "claimed_eps", "delta", "runs", "tpr", "fpr", "threshold",
            "eps_lb", "mu_lb", "verdict"]
 #: Spec keys the audit sets for registry subjects, from the claim and the data.

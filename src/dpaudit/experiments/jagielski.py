@@ -1,6 +1,7 @@
 """The DP-SGD audits of Jagielski, Ullman, Oprea (2020): tasks, trials and their bounds.
 
-Seed 003 (Algorithms 1-4, Figure 2, Table 2) and the authors' code
+The paper's Algorithms 1-4, Figure 2 and Table 2 (as summarised in the CY 7790 Lecture 17
+notes, Northeastern 2021) and the authors' code
 (``jagielski/auditing-dpsgd``). One *cell* is a training setup (data set, model, clipping
 norm C, initialisation, noise multiplier) and one *attack*; it trains T models on each of
 the attack's neighbouring data sets (its *sides*) and scores every model:
@@ -98,7 +99,7 @@ def make_task(X, y, X_test, y_test, pool_X, pool_y, bkd_test_X, bkd_test_y,
     """A :class:`Task` with the ClipBKD poison of ``(X, y)``: ``x_p`` of norm
     ``clipbkd_norm`` along the least-variance direction, ``y_p`` its least likely class
     under a logistic regression fitted on the clean data (:func:`canaries.clipbkd_point`).
-    ``clipbkd_norm=None``: the median row norm of ``X`` (seed 003: "scaled to a similar
+    ``clipbkd_norm=None``: the median row norm of ``X`` (CY 7790 Lecture 17: "scaled to a similar
     norm as the rest of the dataset"; used for CIFAR features, whose scale is not pixels')."""
     X = np.asarray(X, dtype=np.float32)
     norm = float(np.median(np.linalg.norm(X, axis=1))) if clipbkd_norm is None else clipbkd_norm

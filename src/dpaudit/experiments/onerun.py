@@ -8,7 +8,8 @@ auditor guesses the k highest "in" and the k lowest "out" for every k of a sweep
 
 ``input`` (black box)
     m training examples the model would not fit without them, added to the n = 6000
-    training rows when included; score = minus the final model's loss on the canary.
+    training rows when included; score = minus the final model's loss on the canary. The
+    repeats of a cell are trained at once and share one canary draw and inclusion.
     ``mislabelled``: held-out images (the 2-class test split) with the other label;
     ``pca``: points along the m least-variance principal directions of the training data,
     at ClipBKD's norm, with random labels (ClipBKD's direction, many times over).
@@ -98,22 +99,21 @@ def _bounds(scores: np.ndarray, included: np.ndarray, max_k: int, delta: float,
 def audit_input(task: Task, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, m: int, kind: str,
                 repeat_seeds: list[int], delta: float, beta: float, max_k: int,
                 device=None) -> list[dict]:
-    """Black-box audits with input canaries, one training run per seed."""
-    rows = []
-    X, y = torch.as_tensor(task.X), torch.as_tensor(task.y)
-    for seed in repeat_seeds:
-        rng = seeds.rng(seed, "input-canaries")
-        Xc, yc = input_canaries(task, m, kind, rng)
-        inc = rng.random(m) < 0.5
-        Xt = torch.cat([X, torch.as_tensor(Xc[inc])])
-        yt = torch.cat([y, torch.as_tensor(yc[inc]).to(y.dtype)])
-        params = dpsgd.train(Xt, yt, model, cfg, [seed], device=device)
-        losses = dpsgd.losses(params, torch.as_tensor(Xc).to(params.W[0].device),
-                              torch.as_tensor(yc), model)
-        scores = -losses.cpu().numpy().astype(np.float64)[0]
-        rows.append({"threat_model": "black-box", "seed": seed, "n": len(Xt),
-                     **_bounds(scores, inc, max_k, delta, beta)})
-    return rows
+    """Black-box audits with input canaries: the runs of ``repeat_seeds`` trained at once on
+    one canary draw and inclusion (from the first seed; the trainer takes one data set per
+    call), each run with its own initialisation, batches and noise."""
+    rng = seeds.rng(repeat_seeds[0], "input-canaries")
+    Xc, yc = input_canaries(task, m, kind, rng)
+    inc = rng.random(m) < 0.5
+    X = torch.cat([torch.as_tensor(task.X), torch.as_tensor(Xc[inc])])
+    y = torch.cat([torch.as_tensor(task.y), torch.as_tensor(yc[inc]).to(torch.int64)])
+    params = dpsgd.train(X, y, model, cfg, repeat_seeds, device=device)
+    losses = dpsgd.losses(params, torch.as_tensor(Xc).to(params.W[0].device),
+                          torch.as_tensor(yc), model)
+    scores = -losses.cpu().numpy().astype(np.float64)
+    return [{"threat_model": "black-box", "seed": seed, "n": len(X),
+             **_bounds(scores[k], inc, max_k, delta, beta)}
+            for k, seed in enumerate(repeat_seeds)]
 
 
 def audit_dirac(task: Task, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, m: int,

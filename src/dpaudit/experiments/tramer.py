@@ -1,4 +1,4 @@
-"""Auditing a DP training implementation with a canary (Tramer et al. 2022, seed 000).
+"""Auditing a DP training implementation with a canary (Tramer et al. 2022).
 
 The test of "Debugging Differential Privacy: A Case Study for Privacy Auditing": train
 many models on the data set D (negative runs) and on D' = D + {(x', y')} (positive runs),
@@ -8,19 +8,21 @@ that loss is below a threshold tau, chosen on separate *validation* runs so that
 *evaluation* runs that give the counts are independent of the choice.  With ``ct_pos`` of
 ``n`` positive and ``ct_neg`` of ``n`` negative evaluation runs said "in":
 
-* Clopper-Pearson (seed 000): an (eps, delta)-DP algorithm has
+* Clopper-Pearson (Tramer et al. 2022): an (eps, delta)-DP algorithm has
   ``TPR <= e^eps FPR + delta`` (and the same for the complementary event), so the
   one-sided Clopper-Pearson bounds ``TPR_lo`` and ``FPR_hi`` refute every
-  ``eps < ln((TPR_lo - delta) / FPR_hi)``.  Seed 000 states its result "with
-  p = 1e-10" and takes each of the two one-sided bounds at p/2 = 5e-11: that reproduces
-  its ``alpha^+ <= 0.95509`` (FNR) and ``beta^- >= 0.00274`` (written for the FPR's
-  upper bound) from TPR 4922 / 1e5 and FPR 174 / 1e5.  :func:`dpaudit.bounds.eps_lb_clopper_pearson`
-  splits ``alpha`` in the same way, so ``alpha = 1e-10`` here is seed 000's p.
-* GDP test (seed 000, [NHSB23]): a mu-GDP algorithm has ``mu >= Phi^-1(TPR) - Phi^-1(FPR)``;
-  the same two bounds give ``mu_LB`` (:func:`dpaudit.bounds.mu_lb_gdp`), reported with the
-  eps it implies at the claimed delta and with the mu a Gaussian mechanism claiming
-  (eps, delta) would have.  It assumes the mechanism's trade-off curve is Gaussian; the
-  verdict rests on the assumption-free Clopper-Pearson bound.
+  ``eps < ln((TPR_lo - delta) / FPR_hi)``.  The CSCI 699 Week 4 lecture notes' worked
+  check of Tramer et al. 2022 states its result "with p = 1e-10" and takes each of the
+  two one-sided bounds at p/2 = 5e-11: that reproduces its ``alpha^+ <= 0.95509`` (FNR)
+  and ``beta^- >= 0.00274`` (written for the FPR's upper bound) from TPR 4922 / 1e5 and
+  FPR 174 / 1e5.  :func:`dpaudit.bounds.eps_lb_clopper_pearson` splits ``alpha`` in the
+  same way, so ``alpha = 1e-10`` here is the lecture's p.
+* GDP test ([NHSB23]; also in the same lecture): a mu-GDP algorithm has
+  ``mu >= Phi^-1(TPR) - Phi^-1(FPR)``; the same two bounds give ``mu_LB``
+  (:func:`dpaudit.bounds.mu_lb_gdp`), reported with the eps it implies at the claimed
+  delta and with the mu a Gaussian mechanism claiming (eps, delta) would have.  It
+  assumes the mechanism's trade-off curve is Gaussian; the verdict rests on the
+  assumption-free Clopper-Pearson bound.
 
 The verdict "violates its claimed guarantee" is given when ``eps_LB`` exceeds the
 claimed eps: then, unless an event of probability at most ``alpha`` occurred, the
@@ -46,7 +48,8 @@ from .. import bounds, canaries, seeds
 from ..trials import Side, run as run_trials
 from ..canaries import Canary
 
-#: Seed 000's confidence: each claim holds with probability at least 1 - 1e-10.
+#: The confidence of the lecture's worked check of Tramer et al. 2022: each claim holds
+#: with probability at least 1 - 1e-10.
 ALPHA = 1e-10
 VIOLATES = "violates its claimed guarantee"
 NO_VIOLATION = "no violation detected"

@@ -1,5 +1,6 @@
-"""Figures: Abadi et al. Fig. 2 (eps vs epochs per accountant) and seed 000's
-basic-vs-advanced composition graph, each rendered from its result table."""
+"""Figures: Abadi et al. Fig. 2 (eps vs epochs per accountant) and the basic-vs-advanced
+composition graph of the CSCI 699 Week 4 lecture notes, each rendered from its result
+table."""
 
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ _ABADI = {
 }
 _COMPOSITION = {
     "basic": (r"basic: $k\varepsilon_0$", COLORS["theory"], "-"),
-    "lecture": (r"seed 000: $\varepsilon_0\sqrt{2k\ln(1/\delta')} + k\frac{e^{\varepsilon_0}-1}"
-                r"{e^{\varepsilon_0}+1}$", "#d62728", "-"),
-    "drv": (r"DRV10 (seed 001): $\ldots + k\varepsilon_0(e^{\varepsilon_0}-1)$", "#ff7f0e",
-            "--"),
-    "kov": (r"KOV15 Thm 3.4: $\ldots + k\varepsilon_0\frac{e^{\varepsilon_0}-1}"
+    "lecture": (r"lecture notes (CSCI 699): $\varepsilon_0\sqrt{2k\ln(1/\delta')}"
+                r" + k\frac{e^{\varepsilon_0}-1}{e^{\varepsilon_0}+1}$", "#d62728", "-"),
+    "drv": (r"Dwork, Rothblum, Vadhan 2010: $\ldots + k\varepsilon_0(e^{\varepsilon_0}-1)$",
+            "#ff7f0e", "--"),
+    "kov": (r"Kairouz, Oh, Viswanath 2015: $\ldots + k\varepsilon_0\frac{e^{\varepsilon_0}-1}"
             r"{e^{\varepsilon_0}+1}$", "#9467bd", "--"),
-    "optimal": ("optimal composition (KOV15 Thm 3.3, PLD)", COLORS["empirical"], "-"),
+    "optimal": ("optimal composition (Kairouz et al. 2015, PLD)", COLORS["empirical"], "-"),
 }
 
 
@@ -60,7 +61,8 @@ def plot_abadi_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
 
 
 def plot_composition(table: str | os.PathLike, out: str | os.PathLike) -> None:
-    """eps of k-fold composition of eps0-DP steps at delta' against k (seed 000's graph)."""
+    """eps of k-fold composition of eps0-DP steps at delta' against k (the CSCI 699
+    Week 4 lecture's graph)."""
     df, _ = read_table(table)
     first = df.iloc[0]
     fig, ax = figure()
