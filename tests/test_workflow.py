@@ -123,10 +123,40 @@ def test_slurm_profile_resources_name_real_rules_and_gpu_rules_ask_for_gpus():
     profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
     rules = snakemake("--list-rules").stdout.split()
     assert set(profile["set-resources"]) <= set(rules)
-    for rule in ("jagielski_train", "jagielski_task", "tramer_audit"):
+    for rule in TRAINING_RULES:
         assert profile["set-resources"][rule]["gpu"] == 1
     default = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
     assert "gpu" not in str(default)
+
+
+TRAINING_RULES = ("jagielski_task", "jagielski_train", "tramer_audit", "onerun_audit")
+
+
+def test_training_rules_carry_a_gpu_resource_and_run_as_cpu_jobs_without_gpus(tmp_path):
+    """No GPU here: every training job asks for gpu=0 and 2 threads, so a local run with
+    --cores 4 starts two at a time (the cap registered for gpu is torch's count, 0); every
+    other job asks for no GPU at all."""
+    import torch
+
+    assert torch.cuda.device_count() == 0  # CI and the developers' machines
+    out = snakemake("-n", "--cores", "4", "--directory", str(tmp_path), "--configfile",
+                    str(ROOT / "config" / "quick.yaml"))
+    assert out.returncode == 0, out.stderr
+    jobs = re.findall(r"rule (\w+):\n(.*?)(?=\n\n|\Z)", out.stdout, re.S)
+    seen = set()
+    for rule, block in jobs:
+        resources = re.search(r"resources: (.*)", block).group(1)
+        if rule in TRAINING_RULES:
+            seen.add(rule)
+            assert "gpu=0" in resources, (rule, resources)
+            threads = re.search(r"threads: (\d+)", block)
+            assert threads and int(threads.group(1)) == 2, rule
+        else:
+            assert "gpu" not in resources, (rule, resources)
+    assert seen == set(TRAINING_RULES)
+    # --resources gpu=N is the user's override (N GPUs); the slurm profile asks per job
+    assert snakemake("-n", "--cores", "4", "--resources", "gpu=1", "--directory", str(tmp_path),
+                     "--configfile", str(ROOT / "config" / "quick.yaml")).returncode == 0
 
 
 def _fake_image_data(root: Path):

@@ -60,6 +60,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from .device import resolve
 from .io import atomic_path
 
 ARCHS = ("lr", "fnn")
@@ -211,12 +212,6 @@ def _generator(seed: int, stream: int, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(int(state))
 
 
-def _device(device) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def init_params(model: ModelSpec, K: int, seed, scale: float = 1.0, *, device=None,
                 dtype: torch.dtype = torch.float32) -> Params:
     """Glorot-normal initial weights of K models, times ``scale``; zero biases.
@@ -229,7 +224,7 @@ def init_params(model: ModelSpec, K: int, seed, scale: float = 1.0, *, device=No
     ints, model k from the init stream of ``seed[k]`` (what :func:`train` does, so
     ``init_params(model, 1, [s])`` is the initialisation of the model trained with seed s).
     """
-    dev = _device(device)
+    dev = resolve(device)
     if isinstance(seed, (int, np.integer)):
         gens = [_generator(seed, _INIT, dev)] * K
     else:
@@ -406,7 +401,7 @@ def dirac_canaries(model: ModelSpec, m: int, clip: float, seed, candidates=None,
     if not clip > 0:
         raise ValueError(f"dirac_canaries: clip={clip} must be > 0")
     coords = np.random.default_rng(seed).choice(candidates, int(m), replace=False)
-    directions = torch.zeros(int(m), P, dtype=dtype, device=_device(device))
+    directions = torch.zeros(int(m), P, dtype=dtype, device=resolve(device))
     directions[torch.arange(int(m)), torch.as_tensor(coords, device=directions.device)] = clip
     return directions
 
@@ -572,7 +567,7 @@ def train_with_noise_std(X: torch.Tensor, y: torch.Tensor, model: ModelSpec, cfg
     model ``seeds[k]``); then returns a :class:`CanaryRun` ``(params, scores)`` with the
     all-iterates scores (K, m) float64. Without them, the Params only, as before.
     """
-    K, dev = len(seeds), _device(device)
+    K, dev = len(seeds), resolve(device)
     if K < 1:
         raise ValueError("train: seeds must name at least one model")
     if len(set(seeds)) != K:
@@ -727,11 +722,12 @@ def pick_k(model: ModelSpec, n: int, device=None, cfg: DPSGDConfig | None = None
 
     CPU: 32 (batching amortises the per-step overhead: on 2 cores the FMNIST 2-layer setup
     runs 1.2x faster per model at K = 32 than at K = 8 and no faster at 64, see
-    benchmarks/bench_dpsgd.py). CUDA: as many as fit in a quarter of the free memory, at
+    benchmarks/bench_dpsgd.py). CUDA: as many as fit in half of the card's memory (the
+    workflow runs one training job per GPU), never more than 90% of what is free now, at
     most 4096; per model: one chunk of noise (S x P) and of sampling draws (<= 16 bytes per
     example and step), and the gathered batch with its activations.
     """
-    dev = _device(device)
+    dev = resolve(device)
     if dev.type != "cuda":
         return 32
     cfg = cfg or DPSGDConfig(epochs=1, batch_size=min(n, 250), lr=1.0, clip=1.0,
@@ -739,8 +735,8 @@ def pick_k(model: ModelSpec, n: int, device=None, cfg: DPSGDConfig | None = None
     S, B = cfg.chunk_steps(n), cfg.batch_size
     width = model.in_dim + 3 * sum(o for _, o in model.shapes)
     per_model = 4 * S * model.n_params + 16 * S * n + 4 * 3 * B * width
-    free, _ = torch.cuda.mem_get_info(dev)
-    return int(max(1, min(4096, free // 4 // per_model)))
+    free, total = torch.cuda.mem_get_info(dev)
+    return int(max(1, min(4096, min(total // 2, int(0.9 * free)) // per_model)))
 
 
 __all__ = ["ModelSpec", "DPSGDConfig", "Params", "init_params", "save_params", "load_params",

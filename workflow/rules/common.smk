@@ -3,9 +3,20 @@
 import json
 import shlex
 
+import torch
+
 # Every rule file appends the figures (PDF; a PNG is written beside each) it renders.
 FIGURES = []
 ENV = "../../environment.yml"
+# The GPUs torch sees here. Training jobs each ask for GPU_PER_JOB GPUs (1 where there are
+# GPUs; 0 on a CPU-only machine, where they run as CPU jobs, as many as the cores allow).
+# The SLURM profile asks for one GPU per training job whatever the submitting node has.
+GPUS = torch.cuda.device_count()
+GPU_PER_JOB = 1 if GPUS else 0
+# Local runs: at most as many training jobs at once as there are GPUs (`--resources gpu=N`
+# overrides); a cluster executor requests GPUs per job instead.
+if workflow.local_exec and "gpu" not in workflow.global_resources:
+    workflow.register_resource("gpu", GPUS)
 
 
 def quoted_json(value):

@@ -43,6 +43,8 @@ rule jagielski_task:
         seed=config["seed"],
         device=JAG["device"],
     threads: 2
+    resources:
+        gpu=GPU_PER_JOB,
     log:
         "logs/jagielski_task_{dataset}.log",
     conda:
@@ -96,6 +98,8 @@ rule jagielski_train:
         models_per_call=JAG["models_per_call"],
         init_file=lambda wc, input: f"--init-file {input.init}" if wc.init == "fixed" else "",
     threads: 2
+    resources:
+        gpu=GPU_PER_JOB,
     log:
         "logs/jagielski_train/{dataset}_{arch}_c{clip}_{init}_e{eps}_{attack}.log",
     conda:

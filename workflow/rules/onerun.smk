@@ -24,6 +24,8 @@ rule onerun_audit:
         seed=config["seed"],
         device=config["jagielski"]["device"],
     threads: 2
+    resources:
+        gpu=GPU_PER_JOB,
     log:
         "logs/onerun_audit.log",
     conda:

@@ -22,6 +22,9 @@ rule tramer_audit:
         ),
         data=spec("data"),
         seed=config["seed"],
+    threads: 2
+    resources:
+        gpu=GPU_PER_JOB,
     log:
         "logs/{name}.log",
     conda:
