@@ -131,7 +131,7 @@ def test_cell_bound_is_clopper_pearson_on_the_evaluation_half():
     want = max(math.log(p1_lo / p0_hi), math.log((1 - p0_hi) / (1 - p1_lo))) / 2
     assert row["eps_lb_best_k"] == pytest.approx(want, rel=1e-9)
     assert row["best_k"] == 2 and row["tpr"] == 1 and row["fpr"] == 0 and row["trials"] == 200
-    assert row["eps_lb_bonf"] == pytest.approx(want)  # one k: no correction
+    assert row["eps_lb"] == pytest.approx(want)  # one k: no correction
     assert row["eps_lb_scan"] > 0 and row["eps_lb_gdp"] > 0
 
 
@@ -142,11 +142,11 @@ def test_best_over_k_and_its_bonferroni_version():
     row = jagielski.summarize_cell(cell, "clipbkd", alpha=0.01, delta=1e-5)
     per_k = jagielski.audit_scores(cell, "clipbkd", 0.01, 1e-5)
     assert row["eps_lb_best_k"] == pytest.approx(per_k.eps_lb.max()) and row["best_k"] == 4
-    assert 0 < row["eps_lb_bonf"] <= row["eps_lb_best_k"]
+    assert 0 < row["eps_lb"] <= row["eps_lb_best_k"]
     split = bounds.threshold_split_audit(cell[cell.k == 4].clipbkd, neg,
                                          lambda *a: bounds.eps_lb_clopper_pearson(*a, 1e-5, 4),
                                          0.01 / 2)
-    assert row["eps_lb_bonf"] == pytest.approx(split.value)
+    assert row["eps_lb"] == pytest.approx(split.value)
 
 
 def test_cell_bounds_are_sound_on_a_gaussian_mechanism():
@@ -156,7 +156,7 @@ def test_cell_bounds_are_sound_on_a_gaussian_mechanism():
     mu, delta, alpha, T = 1.0, 1e-5, 0.05, 200
     true_eps = bounds.eps_from_mu(mu, delta)
     rng = np.random.default_rng(6)
-    over = {"eps_lb_bonf": 0, "eps_lb_scan": 0}
+    over = {"eps_lb": 0, "eps_lb_scan": 0}
     best = 0.0
     sims = 200
     for _ in range(sims):
@@ -164,7 +164,7 @@ def test_cell_bounds_are_sound_on_a_gaussian_mechanism():
         row = jagielski.summarize_cell(cell, "clipbkd", alpha, delta)
         for key in over:
             over[key] += row[key] > true_eps
-        best = max(best, row["eps_lb_bonf"])
+        best = max(best, row["eps_lb"])
     slack = stats.binom.ppf(0.999, sims, alpha)
     assert all(v <= slack for v in over.values()), over
     # Not vacuous: 100 evaluation trials per side cap a CP bound near ln(100 / 5.3) = 2.9.
@@ -210,7 +210,7 @@ def test_paper_table2_values_and_markdown():
     assert math.isnan(jagielski.paper_table2("8", "g1", 4.0))
     table = pd.DataFrame({"eps_label": ["inf", "inf", "8"], "init": ["fixed", "g1", "g1"],
                           "clip": [1.0, 1.0, 1.0], "noise": [0.0, 0.0, 1.01],
-                          "eps_lb_best_k": [3.2, 0.3, 0.2], "eps_lb_bonf": [3.1, 0.25, 0.0]})
+                          "eps_lb_best_k": [3.2, 0.3, 0.2], "eps_lb": [3.1, 0.25, 0.0]})
     table = jagielski.with_paper_table2(table)
     assert list(table.paper_eps_lb) == [4.54, 0.42, 0.25]
     md = jagielski.table2_markdown(table)

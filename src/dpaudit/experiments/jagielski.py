@@ -350,11 +350,11 @@ def _cp(ct_pos, n_pos, ct_neg, n_neg, alpha, *, delta, k):
 COLUMNS = {
     "eps_lb_best_k": "the paper's statistic: the largest over k of the per-k bounds, each at "
                      "1 - alpha; a maximum of several, not itself a 1 - alpha bound",
-    "eps_lb_bonf": "certified: every k at alpha / len(ks), largest over k (union bound)",
+    "eps_lb": "certified: every k at alpha / len(ks), largest over k (union bound)",
     "eps_lb_scan": "certified: every threshold on all trials and every k, Bonferroni over both",
     "mu_lb": "certified per-row mu-GDP lower bound: group mu / k, every k at alpha / len(ks)",
     "eps_lb_gdp": "estimate: eps at delta of mu_lb, assuming the models are exactly mu-GDP",
-    "eps_lb_clipbkd_logit": "certified: the reference's raw-logit statistic, as eps_lb_bonf",
+    "eps_lb_clipbkd_logit": "certified: the reference's raw-logit statistic, as eps_lb",
     "mi_yeom": "estimate: Yeom et al.'s population MI eps (1000 train, 1000 test points), "
                "averaged over models; the paper's MI measure, not a bound",
 }
@@ -366,7 +366,7 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
 
     ``eps_lb_best_k``: the paper's maximum over k of the primary statistic's bound
     ([JUO20] Table 2), with its ``best_k``, ``tpr``, ``fpr`` and ``threshold``;
-    ``eps_lb_bonf``, ``eps_lb_scan``, ``mu_lb`` (per row) and the other ClipBKD
+    ``eps_lb``, ``eps_lb_scan``, ``mu_lb`` (per row) and the other ClipBKD
     statistic's ``eps_lb_<stat>``: every k at ``alpha / len(ks)``, the largest over k, valid
     at ``1 - alpha`` by the union bound; ``eps_lb_gdp``: the eps of ``mu_lb``, an estimate;
     the number of trials per side and the mean test accuracy of the models."""
@@ -377,7 +377,7 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
     mu_lb = float(bonf.mu_lb.max())
     row = {"eps_lb_best_k": float(best.eps_lb), "best_k": int(best.k), "tpr": float(best.tpr),
            "fpr": float(best.fpr), "threshold": float(best.threshold),
-           "eps_lb_bonf": float(bonf.eps_lb.max()), "eps_lb_scan": float(bonf.eps_lb_scan.max()),
+           "eps_lb": float(bonf.eps_lb.max()), "eps_lb_scan": float(bonf.eps_lb_scan.max()),
            "mu_lb": mu_lb, "eps_lb_gdp": _eps_gdp(mu_lb, delta)}
     for stat in STATISTICS[attack][1:]:
         row[f"eps_lb_{stat}"] = float(audit_scores(scores, attack, level, delta, select_frac,
@@ -448,7 +448,7 @@ TABLE2_NOTES = (
     "Each cell: ours (the paper's value) [certified], one value per clipping norm C.",
     "ours = eps_lb_best_k: the largest over k of the per-k ClipBKD bounds, each at 99%, as "
     "the paper reports it; a maximum of several 99% bounds, not itself a 99% bound.",
-    "[certified] = eps_lb_bonf: every k at 1% / len(ks), the largest over k; a 99% lower bound.",
+    "[certified] = eps_lb: every k at 1% / len(ks), the largest over k; a 99% lower bound.",
     "Glorot x s: Glorot-normal weights multiplied by s (variance s^2 times Glorot's), as the "
     "reference code's init_mult does; the lecture's wording 'variance 0.5 sigma ... 2 sigma' "
     "would be s = sqrt(0.5) ... sqrt(2).",
@@ -482,7 +482,7 @@ def table2_markdown(table: pd.DataFrame) -> str:
                     continue
                 ours, paper = r.eps_lb_best_k.iloc[0], r.paper_eps_lb.iloc[0]
                 parts.append(f"{ours:.2f}" + ("" if math.isnan(paper) else f" ({paper:.2f})")
-                             + f" [{r.eps_lb_bonf.iloc[0]:.2f}]")
+                             + f" [{r.eps_lb.iloc[0]:.2f}]")
             cells.append(" / ".join(parts))
         lines.append(f"| {e} ({noise:g}) | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -41,7 +41,7 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     """One panel per (data set, model), against the theoretical eps of the cell
     (rdp_classic, delta 1e-5, add/remove neighbours: the paper's x-axis):
 
-    - solid: each attack's certified 99% bound ``eps_lb_bonf`` (every k at 1% / len(ks));
+    - solid: each attack's certified 99% bound ``eps_lb`` (every k at 1% / len(ks));
     - dashed, hollow: the paper's statistic ``eps_lb_best_k``, the largest over k of 99%
       bounds (not itself a 99% bound; equal to the solid line for MI, which has one k);
     - MI, dotted crosses: ``mi_yeom``, the paper's population MI estimate (a point
@@ -68,7 +68,7 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
             if a.empty:
                 continue
             x = _x_positions(a.eps_th.to_numpy(float))[0] * 1.06 ** (i - 1)  # no overlap
-            ax.plot(x, a.eps_lb_bonf, marker="o", color=COLORS[attack],
+            ax.plot(x, a.eps_lb, marker="o", color=COLORS[attack],
                     label=f"{name}: 99% lower bound" + (" (Bonferroni over k)"
                                                        if attack in REPLACING else ""))
             if attack in REPLACING:
@@ -104,7 +104,7 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
 def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     """Heatmap of ClipBKD ``eps_lb_best_k`` (the paper's statistic, not a 99% bound): rows
     eps_th, columns init x clipping norm, each cell annotated "ours (paper) [certified]",
-    the certified one being ``eps_lb_bonf`` (99%, Bonferroni over k)."""
+    the certified one being ``eps_lb`` (99%, Bonferroni over k)."""
     df, _ = read_table(table)
     inits = sorted(df.init.unique(), key=lambda i: (i != "fixed", i))
     clips = sorted(df["clip"].unique())
@@ -117,7 +117,7 @@ def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
         j = inits.index(r.init) * len(clips) + clips.index(r.clip)
         grid[i, j] = r.eps_lb_best_k
         paper = "" if math.isnan(r.paper_eps_lb) else f" ({r.paper_eps_lb:.2f})"
-        text[i, j] = f"{r.eps_lb_best_k:.2f}{paper}\n[{r.eps_lb_bonf:.2f}]"
+        text[i, j] = f"{r.eps_lb_best_k:.2f}{paper}\n[{r.eps_lb:.2f}]"
     fig, ax = figure(figsize=(2.5 + 0.75 * grid.shape[1], 1.6 + 0.55 * len(labels)))
     im = ax.imshow(grid, cmap="viridis", aspect="auto")
     vmax = np.nanmax(grid) if np.isfinite(grid).any() else 1.0
