@@ -182,3 +182,18 @@ def test_cli_rejects_bad_spec_naming_the_key(tmp_path, capsys):
     assert main(["accounting-curves", "--figure", "composition", "--spec", json.dumps(spec),
                  "--seed", "0", "--out", str(out)]) == 2
     assert "accounting.composition.kmax" in capsys.readouterr().err
+
+
+def test_replace_one_eps_lies_between_add_remove_and_group_privacy():
+    """Replace-one neighbours (ClipBKD, backdoor): the PLD accountant's REPLACE_ONE eps is
+    above the add/remove eps, and below 2 eps(delta0) at the delta0 group privacy needs,
+    (1 + e^eps(delta0)) delta0 = delta (which holds at delta, unlike 2 eps(delta))."""
+    sigma, q, T, delta = 1.01, 250 / 6000, 576, 1e-5
+    rep = acc.epsilon_replace_one(sigma, q, T, delta)
+    add = acc.epsilon(sigma, q, T, delta, "pld")
+    d0 = delta
+    for _ in range(50):  # fixed point of d0 = delta / (1 + e^eps(d0)), from above
+        d0 = delta / (1 + math.exp(acc.epsilon(sigma, q, T, d0, "pld")))
+    assert add < rep < 2 * acc.epsilon(sigma, q, T, d0, "pld")
+    assert rep == pytest.approx(10.4885, abs=1e-3)
+    assert acc.dpsgd_epsilons(0.0, q, T, delta)["eps_pld_replace"] == math.inf

@@ -216,7 +216,7 @@ def test_paper_table2_values_and_markdown():
     md = jagielski.table2_markdown(table)
     assert "| inf (0) | 3.20 (4.54) [3.10] | 0.30 (0.42) [0.25] |" in md
     assert "| 8 (1.01) | - | 0.20 (0.25) [0.00] |" in md
-    assert "not itself a 99% bound" in md and "init_mult" in md and "2 eps_th" in md
+    assert "not itself a 99% bound" in md and "init_mult" in md and "eps_pld_replace" in md
 
 
 def test_theoretical_eps_reproduces_the_papers_calibration():

@@ -4,6 +4,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ from dpaudit import accounting, dpsgd
 from dpaudit.cli import main
 from dpaudit.experiments import onerun
 from dpaudit.experiments.jagielski import make_task
-from dpaudit.io import read_table
+from dpaudit.io import read_table, write_table
 
 NOISE = {"4": 1.55, "inf": 0.0}
 
@@ -56,21 +57,19 @@ def test_input_canaries_of_both_kinds():
         onerun.input_canaries(task, 5, "other", rng)
 
 
+def test_input_count_is_as_many_as_the_kind_allows():
+    task = _task()
+    assert onerun.input_count(task, 1000, "pca") == 40  # one per dimension
+    assert onerun.input_count(task, 1000, "mislabelled") == 100  # one per held-out image
+    assert onerun.input_count(task, 30, "pca") == 30
+
+
 def test_quiet_coordinates_are_the_least_used_features():
     task = _task()
     model = dpsgd.ModelSpec("fnn", 40, 8)
     coords = onerun.quiet_coordinates(task.X, model, 20)
     rows = np.unique(coords // 8)
     assert len(coords) == 24 and set(rows) <= set(range(20, 40))  # the all-zero features
-
-
-def test_theoretical_eps_counts_the_canaries():
-    cfg = dpsgd.DPSGDConfig(24, 250, 0.15, 1.0, 1.55)
-    th = onerun.theoretical_eps(1.55, 6500, cfg, 1e-5)
-    assert th["eps_th"] == pytest.approx(accounting.epsilon(1.55, 250 / 6500, cfg.steps(6500),
-                                                           1e-5, "pld"))
-    assert th["eps_th"] < th["eps_th_rdp"] and onerun.theoretical_eps(0.0, 6500, cfg,
-                                                                      1e-5)["eps_th"] == math.inf
 
 
 def test_white_box_canaries_without_noise_certify_a_clear_bound():
@@ -101,16 +100,30 @@ def test_cli_audit_table_and_figure(tmp_path, capsys):
     df, meta = read_table(out)
     assert meta["seed"] == 3 and meta["spec"] == spec
     assert len(df) == 2 * 2 * (1 + 2)  # eps x repeats x (black-box + 2 white-box)
-    for col in ("eps_th", "eps_lb", "eps_lb_fdp", "mu_lb", "eps_gdp", "m", "r", "v",
-                "models_trained", "n_accounted", "sample_rate"):
+    for col in ("eps_th", "eps_pld", "eps_lb", "eps_lb_fdp", "mu_lb", "eps_gdp", "m", "r", "v",
+                "best_k", "models_trained", "n", "sample_rate", "steps"):
         assert col in df.columns, col
-    inp = df[df.canary == "input"]
-    assert (inp.n_accounted == 300 + 10).all() and (df[df.canary == "dirac"].n_accounted == 300).all()
+    # the accountant sees the trained set: n rows plus the included input canaries
+    inp, dirac = df[df.canary == "input"], df[df.canary == "dirac"]
+    assert inp.n.nunique() == 1 and 300 < inp.n.iloc[0] < 320 and (dirac.n == 300).all()
+    np.testing.assert_allclose(df.sample_rate, 50 / df.n)
+    cfg = dpsgd.DPSGDConfig(4, 50, 0.5, 1.0, 1.55, "poisson")
+    row = dirac[dirac.eps_label == 4].iloc[0]
+    assert row.eps_pld == pytest.approx(accounting.epsilon(1.55, 50 / 300, cfg.steps(300),
+                                                           1e-5, "pld"))
     finite = df[np.isfinite(df.eps_th)]
-    assert (finite.eps_lb_fdp <= finite.eps_th).all() and (df.eps_lb >= 0).all()
+    assert (finite.eps_lb_fdp <= finite.eps_pld).all() and (df.eps_lb >= 0).all()
+    assert (df.r == 2 * df.best_k).all()
     fig = tmp_path / "onerun.pdf"
     assert main(["onerun-plot", "--table", str(out), "--out", str(fig)]) == 0
     assert fig.stat().st_size > 1000 and fig.with_suffix(".png").stat().st_size > 1000
+    # beside a many-model table of the same cells (the columns jagielski-audit writes)
+    many = tmp_path / "fig2.csv"
+    write_table(pd.DataFrame({"dataset": "fmnist", "arch": "lr", "attack": "clipbkd",
+                              "eps_label": ["4", "inf"], "eps_lb": [0.1, 0.5],
+                              "eps_lb_best_k": [0.2, 0.6], "trials": 40}), many, {})
+    assert main(["onerun-plot", "--table", str(out), "--many-model", str(many), "--out",
+                 str(fig)]) == 0
 
 
 @pytest.mark.parametrize("change,message", [

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 
 import dp_accounting
+from dp_accounting import privacy_accountant
 import numpy as np
 import pandas as pd
 from dp_accounting.pld import common as pld_common
@@ -46,6 +47,8 @@ __all__ = [
     "COMPOSITION_FORMS",
     "STRONG_VARIANTS",
     "epsilon",
+    "epsilon_replace_one",
+    "dpsgd_epsilons",
     "noise_multiplier",
     "basic_composition",
     "advanced_composition",
@@ -132,6 +135,34 @@ def epsilon(sigma: float, sample_rate: float, steps: int, delta: float,
     rdp = rdp_privacy_accountant.RdpAccountant(CLASSIC_ORDERS).compose(event).rdp
     # Orders where dp_accounting's series fails to converge come back as inf: skipped by min.
     return float(max(0.0, np.min(rdp + math.log(1 / delta) / (orders - 1))))
+
+
+def epsilon_replace_one(sigma: float, sample_rate: float, steps: int, delta: float) -> float:
+    """Epsilon at ``delta`` of DP-SGD for data sets that differ by *replacing* one row (the
+    neighbours of ClipBKD and the backdoor), by dp_accounting's PLD accountant with the
+    ``REPLACE_ONE`` relation: tight, where ``2 eps`` of add/remove would hold only at the
+    larger delta ``(1 + e^eps) delta`` of group privacy."""
+    _check_sgd(sigma, sample_rate, steps, delta)
+    if steps == 0:
+        return 0.0
+    if sigma == 0:
+        return math.inf
+    acc = pld_privacy_accountant.PLDAccountant(
+        privacy_accountant.NeighboringRelation.REPLACE_ONE,
+        value_discretization_interval=PLD_DISCRETIZATION)
+    return float(acc.compose(_dp_sgd_event(sigma, sample_rate, steps)).get_epsilon(delta))
+
+
+def dpsgd_epsilons(sigma: float, sample_rate: float, steps: int, delta: float) -> dict:
+    """The theoretical eps a DP-SGD audit is drawn against, at ``delta``: ``eps_th``
+    (``rdp_classic``, the accountant Jagielski et al. used), ``eps_pld`` (the tight PLD
+    accountant), both for add/remove neighbours, and ``eps_pld_replace``
+    (:func:`epsilon_replace_one`, PLD); ``inf`` without noise."""
+    if sigma == 0:
+        return {"eps_th": math.inf, "eps_pld": math.inf, "eps_pld_replace": math.inf}
+    return {"eps_th": epsilon(sigma, sample_rate, steps, delta, "rdp_classic"),
+            "eps_pld": epsilon(sigma, sample_rate, steps, delta, "pld"),
+            "eps_pld_replace": epsilon_replace_one(sigma, sample_rate, steps, delta)}
 
 
 def noise_multiplier(eps: float, sample_rate: float, steps: int, delta: float,

@@ -43,8 +43,8 @@ def _audit(args) -> None:
     if "input" in spec["canaries"]:  # fail before training, naming the key
         import numpy as np
         try:
-            onerun.input_canaries(task, spec["m"], spec["input_kind"],
-                                  np.random.default_rng(0))
+            onerun.input_canaries(task, onerun.input_count(task, spec["m"], spec["input_kind"]),
+                                  spec["input_kind"], np.random.default_rng(0))
         except ValueError as exc:
             raise SpecError(f"onerun.m / onerun.input_kind: {exc}") from exc
     df = onerun.audit_grid(task, spec, train, args.seed, resolve(args.device),

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import bounds, canaries, dpsgd, seeds
+from .. import accounting, bounds, canaries, dpsgd, seeds
 from ..trials import Side, run as run_trials
 
 ATTACKS = ("mi", "backdoor", "clipbkd")
@@ -390,16 +390,9 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
 
 
 def theoretical_eps(noise: float, n: int, cfg: dpsgd.DPSGDConfig, delta: float) -> dict:
-    """eps_th of the cell's DP-SGD by the accountant Jagielski et al. used (``rdp_classic``)
-    and the tight PLD accountant, sample rate ``B / n`` over the trained steps (Poisson
-    subsampling, as the accountants assume); ``inf`` without noise."""
-    from .. import accounting
-
-    if noise == 0:
-        return {"eps_th": math.inf, "eps_pld": math.inf}
-    q, steps = cfg.batch_size / n, cfg.steps(n)
-    return {"eps_th": accounting.epsilon(noise, q, steps, delta, "rdp_classic"),
-            "eps_pld": accounting.epsilon(noise, q, steps, delta, "pld")}
+    """The cell's theoretical eps (:func:`dpaudit.accounting.dpsgd_epsilons`): sample rate
+    ``B / n`` over the trained steps (Poisson subsampling, as the accountants assume)."""
+    return accounting.dpsgd_epsilons(noise, cfg.batch_size / n, cfg.steps(n), delta)
 
 
 #: [JUO20] Table 2: ClipBKD eps_LB of the FMNIST 2-layer net, the largest over
@@ -452,9 +445,9 @@ TABLE2_NOTES = (
     "Glorot x s: Glorot-normal weights multiplied by s (variance s^2 times Glorot's), as the "
     "reference code's init_mult does; the lecture's wording 'variance 0.5 sigma ... 2 sigma' "
     "would be s = sqrt(0.5) ... sqrt(2).",
-    "eps_th (noise multiplier in brackets) is for add/remove neighbours; ClipBKD replaces "
-    "rows, and replacing one row is two add/remove steps, so the theoretical bound for it "
-    "is 2 eps_th.",
+    "eps_th (noise multiplier in brackets) is for add/remove neighbours (rdp_classic, as "
+    "the paper); ClipBKD replaces rows, and the theoretical eps for replacing one row is "
+    "the table's eps_pld_replace (PLD, replace-one neighbours), larger than eps_th.",
 )
 
 

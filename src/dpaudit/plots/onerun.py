@@ -28,11 +28,13 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
     - per canary type and threat model (colour): solid with min-max band over repeats,
       ``eps_lb_fdp``, the certified (eps, delta) bound of the f-DP analysis (Mahloujifar et
       al. 2025); dashed, hollow: ``eps_lb``, Steinke et al.'s Appendix D bound on the same
-      guesses; both 95%, one training run each;
+      guesses; each run's bound holds at 95% (one training run each), the line is their
+      mean (input-canary repeats share one canary draw);
     - black squares: the 1000-model audit's certified ClipBKD bound ``eps_lb`` (99%,
-      Bonferroni over k; a replacement of rows, bounded by 2 eps_th) of the same cells,
+      Bonferroni over k; its neighbours replace a row) of the same cells,
       hollow grey: its best over k (the paper's statistic, not a 99% bound);
-    - dotted: eps_th (PLD, delta of the table) of the one-run audit's canaries.
+    - bars: eps at the table's delta by PLD of each canary type's training (input canaries
+      add rows); without noise there is none.
     """
     df, _ = read_table(table)
     df["eps_label"] = df.eps_label.map(eps_label)
@@ -47,13 +49,18 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
         sub = df[df.arch == arch]
         labels = _order(sub.eps_label)
         x = {e: i for i, e in enumerate(labels)}
-        th = sub[sub.canary == sub.canary.iloc[0]].groupby("eps_label").eps_th.first()
-        finite = [th[e] for e in labels if np.isfinite(th[e])]
-        top = max(finite) if finite else 1.0
-        ax.plot([x[e] for e in labels], [th[e] if np.isfinite(th[e]) else np.nan
-                                         for e in labels],
-                "_:", color=COLORS["theory"], lw=1.4, ms=14, mew=2,
-                label="eps_th (PLD) of the canaries (inf: off the axis)")
+        th = sub.groupby(["canary", "eps_label"]).eps_pld.first()
+        finite = th[np.isfinite(th)]
+        top = float(finite.max()) if len(finite) else 1.0
+        for canary, style in (("input", "_"), ("dirac", "_")):
+            if canary not in th.index.get_level_values(0):
+                continue
+            t = th[canary]
+            color = LINES[("input", "black-box") if canary == "input"
+                          else ("dirac", "last-iterate")][1]
+            ax.plot([x[e] for e in t.index], t.where(np.isfinite(t)).to_numpy(), style,
+                    color=color, ms=16, mew=2.5, alpha=0.7,
+                    label=f"eps by PLD, {canary} canaries (none without noise)")
         for (canary, threat), (name, color) in LINES.items():
             g = sub[(sub.canary == canary) & (sub.threat_model == threat)]
             if g.empty:
@@ -67,9 +74,9 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
             ax.fill_between(xs, a.lo.to_numpy()[order], a.hi.to_numpy()[order], color=color,
                             alpha=0.15, lw=0)
             ax.plot(xs, a.fdp.to_numpy()[order], "o-", color=color,
-                    label=f"{name}: f-DP bound, 95%")
+                    label=f"{name}: f-DP bound (mean of per-run 95% bounds, min-max band)")
             ax.plot(xs, a.snj.to_numpy()[order], "o--", mfc="none", lw=1, color=color,
-                    alpha=0.8, label=f"{name}: Steinke et al. bound, 95%")
+                    alpha=0.8, label=f"{name}: Steinke et al. bound (mean of per-run 95%)")
         if mm is not None:
             m = mm[(mm.arch == arch) & mm.eps_label.isin(labels)]
             if not m.empty:
@@ -79,14 +86,12 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
                               "and k): 99% bound")
                 ax.plot(xs, m.eps_lb_best_k, "s", mfc="none", color="#7f7f7f", ms=7,
                         label="many-model ClipBKD: best over k (not a 99% bound)")
-        ax.set_xticks(range(len(labels)),
-                      [f"{e}\n({th[e]:.2g})" if np.isfinite(th[e]) else f"{e}\n(inf)"
-                       for e in labels])
+        ax.set_xticks(range(len(labels)), labels)
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.05 * top))
         first = sub.iloc[0]
         ax.set(title=f"FMNIST {ARCH_NAMES[arch]}, m = {int(first.m)}, "
                      f"{sub.repeat.nunique()} runs per cell",
-               xlabel=f"eps_th label (eps_th by PLD at delta = {first.delta:g})",
+               xlabel=f"eps_th label (delta = {first.delta:g})",
                ylabel="empirical eps lower bound")
     handles = {}
     for ax in axes[0]:
