@@ -376,7 +376,7 @@ def test_guess_counts_match_the_homework_definition():
         bounds.guess_counts(scores, S, 21)
 
 
-def test_sweep_bounds_bonferroni_closed_form():
+def test_one_run_sweep_bonferroni_closed_form():
     # all 2k guesses right: P[Bin(2k, q) >= 2k] = q^(2k) = level -> eps = logit(level^(1/2k)),
     # largest at the largest k
     K, m, beta = 50, 1000, 0.05

@@ -30,8 +30,7 @@ def _task(n=300, d=40, quiet=20, seed=0):
 
 def _spec(**kw):
     spec = {"m": 20, "repeats": 2, "archs": ["lr"], "eps": ["inf"], "canaries": ["dirac"],
-            "input_kind": "mislabelled", "max_k": 500, "beta": 0.05, "delta": 1e-5,
-            "compare_many_model": False}
+            "input_kind": "mislabelled", "max_k": 500, "beta": 0.05, "delta": 1e-5}
     return {**spec, **kw}
 
 

@@ -313,22 +313,12 @@ def eps_lb_hoeffding(r, v, beta: float = 0.05):
     the exact binomial bound :func:`eps_lb_one_run` ``(m, r, v, 0, beta)``.  Broadcasts
     over ``r`` and ``v`` (``r`` guesses, ``v`` of them correct).
     """
-    r, v = np.broadcast_arrays(np.asarray(r), np.asarray(v))
-    for name, a in (("r", r), ("v", v)):
-        if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
-            raise ValueError(f"{name}={a!r}: must be real whole numbers")
-        if not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
-            raise ValueError(f"{name}={a!r}: must be finite whole numbers")
+    r, v = np.broadcast_arrays(_whole("r", r), _whole("v", v))
     if np.any(r < 1):
         raise ValueError(f"r={r!r}: must be >= 1 (the number of guesses)")
     if np.any(v < 0) or np.any(v > r):
         raise ValueError(f"v={v!r}: must satisfy 0 <= v <= r")
-    try:
-        ok = np.ndim(beta) == 0 and 0.0 < float(beta) < 1.0
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(f"beta={beta!r}: must lie strictly between 0 and 1")
+    _check_level("beta", beta)
     r, v = r.astype(float), v.astype(float)
     q = v / r - np.sqrt(np.log(1.0 / beta) / (2.0 * r))
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -77,7 +77,9 @@ def _init(args) -> None:
 
     arrays, _ = features.load_features(args.task)
     model = dpsgd.ModelSpec(args.arch, arrays["X"].shape[1], args.hidden)
-    dpsgd.save_params(args.out, dpsgd.init_params(model, 1, [args.seed]), model)
+    # On the CPU: init draws differ across devices, and the shared "fixed" init must not
+    # depend on the machine that happened to draw it.
+    dpsgd.save_params(args.out, dpsgd.init_params(model, 1, [args.seed], device="cpu"), model)
 
 
 def _train(args) -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..config import SpecError, section_schema, validate_section
+from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
 from . import spec_arg
 
 #: Keys of ``--train``: the DP-SGD set-up of the FMNIST cells of Jagielski et al.'s Figure 2.
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "hidden", "noise", "clip", "init")
+#: Keys of the ``onerun`` section the audit depends on (``--spec``; the rest is the plot's).
+AUDIT_KEYS = ("m", "repeats", "archs", "eps", "canaries", "input_kind", "max_k", "beta",
+              "delta")
 
 
 def _train_schema() -> dict:
@@ -32,7 +35,7 @@ def _audit(args) -> None:
     from ..experiments.jagielski import Task
     from ..io import write_table
 
-    spec = validate_section(args.spec, "onerun")
+    spec = validate_section(args.spec, "onerun", schema_node=subset_schema(AUDIT_KEYS, "onerun"))
     train = validate_section(args.train, "onerun", schema_node=_train_schema())
     missing = [e for e in spec["eps"] if e not in train["noise"]]
     if missing:
@@ -64,7 +67,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("onerun-audit", help="one-run audits of DP-SGD (input and "
                                                     "gradient canaries)")
     p.add_argument("--task", type=Path, required=True, help="FMNIST task from jagielski-task")
-    p.add_argument("--spec", type=spec_arg, required=True, help="the onerun config section")
+    p.add_argument("--spec", type=spec_arg, required=True,
+                   help=f"the onerun config section's keys {', '.join(AUDIT_KEYS)}")
     p.add_argument("--train", type=spec_arg, required=True,
                    help=f"DP-SGD set-up, JSON with keys {', '.join(TRAIN_KEYS)}")
     p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
@@ -75,6 +79,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("onerun-plot", help="draw the one-run audits against eps_th")
     p.add_argument("--table", type=Path, required=True, help="CSV from onerun-audit")
     p.add_argument("--many-model", type=Path, default=None,
-                   help="results/jagielski_fig2.csv, to draw the 1000-model ClipBKD bounds")
+                   help="jagielski-audit table of the same FMNIST ClipBKD cells, to draw the "
+                        "many-model bounds")
     p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
     p.set_defaults(func=_plot)
