@@ -10,9 +10,14 @@ model-steps per second (one SGD step of one model):
   (c) plain non-private SGD (nn.Sequential, torch.optim.SGD, same batches),
 
 at each thread count of --threads (default: the machine's default and 2). Best of --repeats
-rounds of --epochs epochs each (methods interleaved). On CUDA (when present) it also reports
-models per second of the full Table 2 setup (24 epochs) and the projected time of its
-~360,000 models.
+rounds of --epochs epochs each (methods interleaved). Then the projection a user needs
+before starting: models per second of the paper's FMNIST setup (24 epochs) at the K that
+pick_k chooses, on the CPU (from the fastest thread count) and on CUDA when present, and
+the projected wall time of the config's Jagielski grids (Figure 2, Table 2, both; cells
+shared between them train once) and of its Tramer audit, as if every model cost one FMNIST
+2-layer model (CIFAR heads train on 1024-d features for 20 epochs of 20 steps: about as
+costly; the Tramer models are smaller: an upper estimate), plus the fixed start-up of one
+training job (process, imports, task load), paid once per cell.
 
     python benchmarks/bench_dpsgd.py [--threads 2 1] [--epochs 2] [--ks 1 4 8 16]
 """
@@ -29,11 +34,15 @@ import numpy as np
 import torch
 from torch import nn
 
+import yaml
+
 from dpaudit import dpsgd
+from dpaudit.experiments.jagielski import grid_models
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 N, D, H, B, LR, CLIP, SIGMA = 6000, 784, 32, 250, 0.15, 1.0, 1.01
-TABLE2_MODELS = 360_000
 
 
 def load_data():
@@ -136,12 +145,17 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ks", type=int, nargs="*", help="extra K values to time (CPU)")
+    ap.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml",
+                    help="config whose grids to project (default: the full config)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     X, y, source = load_data()
     k_cpu = dpsgd.pick_k(dpsgd.ModelSpec("fnn", D, hidden=H), N, "cpu")
     print(f"data: {source} n={N} d={D}; fnn 784-32-2, batch {B}, {args.epochs} epochs x "
           f"{N // B} steps; torch {torch.__version__}; best of {args.repeats}")
+    cpu_models_s = 0.0
+    steps_24 = dpsgd.DPSGDConfig(epochs=24, batch_size=B, lr=LR, clip=CLIP,
+                                 noise_multiplier=SIGMA).steps(N)
     for threads in args.threads:
         torch.set_num_threads(threads)
         fns = {"plain SGD (nn.Module)": plain_sgd,
@@ -157,6 +171,8 @@ def main():
               f"x plain SGD's speed)")
         for name, r in rows.items():
             print(f"  {name:40s} {r:9.1f}   {r / opacus:6.2f}x Opacus   {r / plain:5.2f}x plain")
+        cpu_models_s = max(cpu_models_s, rows[f"dpaudit K={k_cpu} (pick_k)"] / steps_24)
+    project(args.config, "CPU", cpu_models_s)
     if torch.cuda.is_available():
         model = dpsgd.ModelSpec("fnn", D, hidden=H)
         cfg = dpsgd.DPSGDConfig(epochs=24, batch_size=B, lr=LR, clip=CLIP,
@@ -168,9 +184,20 @@ def main():
             dpsgd.train(X, y, model, cfg, list(range(rep * K, (rep + 1) * K)), device="cuda")
             torch.cuda.synchronize()
             speeds.append(K / (time.perf_counter() - t))
-        print(f"\n{torch.cuda.get_device_name()}: Table 2 setup (24 epochs, {cfg.steps(N)} steps),"
-              f" K={K}: {speeds[-1]:.1f} models/s; {TABLE2_MODELS} models in "
-              f"{TABLE2_MODELS / speeds[-1] / 60:.1f} min")
+        print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: the FMNIST setup "
+              f"(24 epochs, {cfg.steps(N)} steps) at K={K} (pick_k): {speeds[-1]:.1f} models/s")
+        project(args.config, torch.cuda.get_device_name(), speeds[-1])
+
+
+def project(config: Path, device: str, models_s: float) -> None:
+    """Projected wall time of the config's grids at ``models_s`` models per second."""
+    cfg = yaml.safe_load(config.read_text())
+    models = grid_models(cfg["jagielski"])
+    tr = cfg["tramer"]
+    models["tramer"] = 2 * (tr["runs"] + tr["val_runs"]) * len(tr["implementations"])
+    print(f"\nProjection on {device} at {models_s:.2f} models/s ({config.name}):")
+    for name, n in models.items():
+        print(f"  {name:8s} {n:9d} models  {n / models_s / 3600:8.2f} h")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,16 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
-import torchvision
 
 from .io import DataNotFound
+
+def _datasets():
+    """``torchvision.datasets``, imported on first use: importing torchvision takes about
+    1.5 s, which every training job (that reads a task file, not images) would pay."""
+    import torchvision.datasets
+
+    return torchvision.datasets
+
 
 FMNIST_DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -127,13 +134,13 @@ def fmnist_raw(root: str | os.PathLike | None = None, train: bool = True, downlo
         have = have or _decompress_idx_gz(gz_dir, raw)
     if not have and download:
         try:
-            torchvision.datasets.FashionMNIST(root, train=train, download=True)
+            _datasets().FashionMNIST(root, train=train, download=True)
             have = True
         except Exception as err:  # noqa: BLE001 - any network/mirror failure means "not found"
             download_error = err
     if not have:
         raise _fmnist_missing(root, debian_dir, download_error)
-    ds = torchvision.datasets.FashionMNIST(root, train=train, download=False)
+    ds = _datasets().FashionMNIST(root, train=train, download=False)
     return ds.data.numpy(), ds.targets.numpy().astype(np.int64)
 
 
@@ -216,7 +223,7 @@ def _torchvision_cifar(cls, root: Path, train: bool, download: bool):
 def _imagefolder(split_dir: Path, classes: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
     """Decode an ImageFolder split whose folder names are CIFAR-10 class names; labels are
     canonical CIFAR-10 indices.  Only images of ``classes`` (all if None) are decoded."""
-    folder = torchvision.datasets.ImageFolder(split_dir)  # loader: PIL, converted to RGB
+    folder = _datasets().ImageFolder(split_dir)  # loader: PIL, converted to RGB
     unknown = set(folder.classes) - set(CIFAR10_CLASSES)
     if unknown:
         raise ValueError(f"{split_dir}: folders {sorted(unknown)} are not CIFAR-10 classes")
@@ -239,7 +246,7 @@ def load_cifar10(root: str | os.PathLike | None = None, train: bool = True,
     the JPEG tree (a lossy re-encoding: results made from it must say so).
     """
     root = _root(root)
-    ds, download_error = _torchvision_cifar(torchvision.datasets.CIFAR10, root, train, download)
+    ds, download_error = _torchvision_cifar(_datasets().CIFAR10, root, train, download)
     if ds is not None:
         images = np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))
         labels, source = np.asarray(ds.targets, dtype=np.int64), "torchvision"
@@ -261,7 +268,7 @@ def load_cifar100(root: str | os.PathLike | None = None, train: bool = True,
                   download: bool = False) -> ImageData:
     """CIFAR-100 images ``(n, 3, 32, 32)`` uint8 and fine labels (0..99) via torchvision."""
     root = _root(root)
-    ds, download_error = _torchvision_cifar(torchvision.datasets.CIFAR100, root, train, download)
+    ds, download_error = _torchvision_cifar(_datasets().CIFAR100, root, train, download)
     if ds is None:
         raise _cifar_missing("CIFAR-100", root, download_error, "")
     images = np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import accounting, bounds, canaries, dpsgd, seeds
+from .. import bounds, canaries, dpsgd, seeds
 from ..trials import Side, run as run_trials
 
 ATTACKS = ("mi", "backdoor", "clipbkd")
@@ -201,6 +201,24 @@ def train_spec(jag: dict, dataset: str, eps: str) -> dict:
     ds = jag["datasets"][dataset]
     spec = {**jag, **ds, "noise": ds["noise"][eps]}
     return {k: spec[k] for k in TRAIN_KEYS}
+
+
+def grid_cells(jag: dict) -> dict[str, list[tuple]]:
+    """The cells (dataset, arch, clip, init, eps label, attack) of Figure 2 and Table 2 in
+    the ``jagielski`` config section ``jag``; a cell in both is trained once."""
+    f2, t2 = jag["fig2"], jag["table2"]
+    fig2 = [(d, a, float(f2["clip"]), init_label(f2["init"]), e, att) for d in f2["datasets"]
+            for a in f2["archs"] for e in f2["eps"] for att in f2["attacks"]]
+    table2 = [(t2["dataset"], t2["arch"], float(c), init_label(i), e, "clipbkd")
+              for c in t2["clips"] for i in t2["inits"] for e in t2["eps"]]
+    return {"fig2": fig2, "table2": table2, "all": sorted(set(fig2) | set(table2))}
+
+
+def grid_models(jag: dict) -> dict[str, int]:
+    """Models each grid of :func:`grid_cells` trains: ``trials`` per side, sides = D0 and
+    one D1 per k (MI: D0 and D1)."""
+    per_cell = lambda cell: jag["trials"] * (2 if cell[5] == "mi" else 1 + len(jag["ks"]))  # noqa: E731
+    return {name: sum(map(per_cell, cells)) for name, cells in grid_cells(jag).items()}
 
 
 def sides(task: Task, attack: str, ks, clipbkd_d0: str = "flipped"):
@@ -392,6 +410,8 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
 def theoretical_eps(noise: float, n: int, cfg: dpsgd.DPSGDConfig, delta: float) -> dict:
     """The cell's theoretical eps (:func:`dpaudit.accounting.dpsgd_epsilons`): sample rate
     ``B / n`` over the trained steps (Poisson subsampling, as the accountants assume)."""
+    from .. import accounting  # dp_accounting takes ~1 s to import: only where needed
+
     return accounting.dpsgd_epsilons(noise, cfg.batch_size / n, cfg.steps(n), delta)
 
 
@@ -483,6 +503,6 @@ def table2_markdown(table: pd.DataFrame) -> str:
 
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS", "Task", "make_task", "sides", "model_seeds",
            "score_models", "run_cell", "audit_scores", "summarize_cell", "COLUMNS",
-           "init_label", "init_name", "cell_path", "check_eps_labels", "train_spec", "TABLE2_NOTES",
+           "init_label", "init_name", "cell_path", "grid_cells", "grid_models", "check_eps_labels", "train_spec", "TABLE2_NOTES",
            "theoretical_eps", "PAPER_TABLE2", "paper_table2", "with_paper_table2",
            "table2_markdown"]

@@ -89,7 +89,8 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
         ax.set_xticks(range(len(labels)), labels)
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.05 * top))
         first = sub.iloc[0]
-        ax.set(title=f"FMNIST {ARCH_NAMES[arch]}, m = {int(first.m)}, "
+        ms = ", ".join(f"{int(g.m.iloc[0])} {c}" for c, g in sub.groupby("canary"))
+        ax.set(title=f"FMNIST {ARCH_NAMES[arch]}: m = {ms} canaries, "
                      f"{sub.repeat.nunique()} runs per cell",
                xlabel=f"eps_th label (delta = {first.delta:g})",
                ylabel="empirical eps lower bound")
@@ -99,6 +100,7 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
             handles.setdefault(lab, h)
     fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=2,
                bbox_to_anchor=(0.5, -0.06),
-               title="each one-run bound comes from one training run; the many-model bound "
-                     "from (1 + len(ks)) x trials models")
+               title="each one-run bound comes from one training run"
+                     + ("; each many-model bound from (1 + len(ks)) x trials models"
+                        if mm is not None else ""))
     save(fig, out)
