@@ -30,12 +30,12 @@ def _task(n=300, d=40, quiet=20, seed=0):
 
 def _spec(**kw):
     spec = {"m": 20, "repeats": 2, "archs": ["lr"], "eps": ["inf"], "canaries": ["dirac"],
-            "input_kind": "mislabelled", "max_k": 500, "beta": 0.05, "delta": 1e-5}
+            "input_kind": "mislabelled", "init": 1.0, "max_k": 500, "beta": 0.05,
+            "delta": 1e-5}
     return {**spec, **kw}
 
 
-TRAIN = {"epochs": 4, "batch_size": 50, "lr": 0.5, "hidden": 8, "noise": NOISE, "clip": 1.0,
-         "init": 1.0}
+TRAIN = {"epochs": 4, "batch_size": 50, "lr": 0.5, "hidden": 8, "noise": NOISE, "clip": 1.0}
 
 
 def test_input_canaries_of_both_kinds():

@@ -191,7 +191,7 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     jag["datasets"]["fmnist"].update(epochs=2, batch_size=10)
     jag["datasets"]["cifar"].update(epochs=2, batch_size=8, pretrain_epochs=1,
                                     pretrain_images=0)
-    jag["fig2"].update(archs=["lr"], eps=["4"])
+    jag["fig2"].update(archs=["lr"], eps=["4"], init=1.0)
     jag["table2"].update(clips=[1.0], inits=["fixed", 1.0], eps=["4"])
     targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
     out = snakemake(*targets, "--cores", "2", "--directory", str(tmp_path), "--configfile",

@@ -7,9 +7,7 @@ ONERUN = config["onerun"]
 FMNIST = config["jagielski"]["datasets"]["fmnist"]
 # The many-model ClipBKD cells of the same set-up (shared with Figure 2 when it has them).
 ONERUN_CELLS = [
-    cell_path(
-        "fmnist", arch, JAG["fig2"]["clip"], JAG["fig2"]["init"], eps, "clipbkd"
-    )
+    cell_path("fmnist", arch, JAG["fig2"]["clip"], ONERUN["init"], eps, "clipbkd")
     for arch in ONERUN["archs"]
     for eps in ONERUN["eps"]
 ]
@@ -29,7 +27,6 @@ rule onerun_audit:
                 **{k: FMNIST[k] for k in ("epochs", "batch_size", "lr", "hidden")},
                 "noise": {e: FMNIST["noise"][e] for e in ONERUN["eps"]},
                 "clip": JAG["fig2"]["clip"],
-                "init": JAG["fig2"]["init"],
             }
         ),
         seed=config["seed"],

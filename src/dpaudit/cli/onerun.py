@@ -11,10 +11,10 @@ from ..device import DEVICES, resolve
 from . import spec_arg
 
 #: Keys of ``--train``: the DP-SGD set-up of the FMNIST cells of Jagielski et al.'s Figure 2.
-TRAIN_KEYS = ("epochs", "batch_size", "lr", "hidden", "noise", "clip", "init")
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "hidden", "noise", "clip")
 #: Keys of the ``onerun`` section the audit depends on (``--spec``; the rest is the plot's).
-AUDIT_KEYS = ("m", "repeats", "archs", "eps", "canaries", "input_kind", "max_k", "beta",
-              "delta")
+AUDIT_KEYS = ("m", "repeats", "archs", "eps", "canaries", "input_kind", "init", "max_k",
+              "beta", "delta")
 
 
 def _train_schema() -> dict:
@@ -22,9 +22,6 @@ def _train_schema() -> dict:
     fig2 = section_schema("jagielski", "fig2")["properties"]
     props = {k: fmnist[k] for k in TRAIN_KEYS[:5]}
     props["clip"] = fig2["clip"]
-    props["init"] = {"type": "number", "exclusiveMinimum": 0,
-                     "description": "Glorot-normal weights times this scale (a one-run audit "
-                                    "trains fresh models: no 'fixed' initialisation)"}
     return {"type": "object", "additionalProperties": False, "required": list(TRAIN_KEYS),
             "properties": props}
 

@@ -142,7 +142,7 @@ def audit_grid(task: Task, spec: dict, train: dict, seed: int, device=None,
                log: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Every (arch, canary type, eps label, repeat) of the ``onerun`` config section
     ``spec``, with the DP-SGD set-up ``train`` (epochs, batch_size, lr, hidden, clip,
-    init scale, noise table). One row per run and threat model."""
+    noise table). One row per run and threat model."""
     say = log or (lambda msg: None)
     rows, t0, trained = [], time.perf_counter(), 0
     n, m = len(task.X), spec["m"]
@@ -158,7 +158,7 @@ def audit_grid(task: Task, spec: dict, train: dict, seed: int, device=None,
                 # canaries as for the data (gradient canaries are Poisson-sampled anyway).
                 cfg = dpsgd.DPSGDConfig(train["epochs"], train["batch_size"], train["lr"],
                                         train["clip"], noise, "poisson", "glorot",
-                                        train["init"])
+                                        spec["init"])
                 if canary == "input":
                     m_run = input_count(task, m, spec["input_kind"])
                     got = audit_input(task, model, cfg, m_run, spec["input_kind"],
