@@ -138,7 +138,8 @@ def test_training_rules_carry_a_gpu_resource_and_run_as_cpu_jobs_without_gpus(tm
     other job asks for no GPU at all."""
     import torch
 
-    assert torch.cuda.device_count() == 0  # CI and the developers' machines
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a GPU (CI and the developers' machines)")
     out = snakemake("-n", "--cores", "4", "--directory", str(tmp_path), "--configfile",
                     str(ROOT / "config" / "quick.yaml"))
     assert out.returncode == 0, out.stderr
