@@ -227,7 +227,7 @@ def test_infinite_scores_order_like_any_other():
     pos, neg = np.r_[np.full(50, 5.0), np.inf], np.r_[np.zeros(50), -np.inf]
     res = threshold_scan_audit(pos, neg, eps_lb_clopper_pearson, 0.05)
     assert res.ct_pos == 51 and res.ct_neg == 0 and np.isfinite(res.threshold)
-    assert res.value == pytest.approx(eps_lb_clopper_pearson(51, 51, 0, 51, 0.05 / 4))
+    assert res.value == pytest.approx(eps_lb_clopper_pearson(51, 51, 0, 51, 2 * 0.05 / 102))
 
 
 # ---- soundness by simulation -----------------------------------------------------

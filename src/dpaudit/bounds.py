@@ -442,15 +442,20 @@ def threshold_holdout_audit(val_pos, val_neg, eval_pos, eval_neg, bound: Bound, 
 
 
 def threshold_scan_audit(scores_pos, scores_neg, bound: Bound, alpha: float) -> ThresholdAudit:
-    """Scan every threshold on all trials with a Bonferroni correction.
+    """Scan every threshold on all trials with a union bound over count values.
 
-    With T distinct candidate decisions, each is evaluated at level ``alpha / T``; by the
-    union bound all T bounds hold together with probability ``1 - alpha``, so their maximum
-    is a valid bound.  Uses every trial, at the price of the ``log T`` factor in the level.
+    Every threshold is evaluated at the fixed level ``a = 2 alpha / (n_pos + n_neg)``, each
+    side's one-sided bound at ``a / 2``.  Why that holds for all thresholds at once: as the
+    threshold moves, the true TPR and the count of positives above it both only fall, so
+    "the TPR bound fails at some threshold with count c" is the event "count >= c at the
+    one threshold where the TPR first drops below the bound for c", of probability at most
+    ``a / 2``; there are at most n_pos such c (and n_neg for the FPR), so everything holds
+    with probability ``1 - alpha``.  (A level of alpha over the number of distinct scores
+    would be a union over a data-chosen set; with ties it can be larger than this one.)
+    Uses every trial, at the price of the factor ``(n_pos + n_neg) / 2`` in the level.
     """
     sp, sn = _as_scores(scores_pos, scores_neg)
-    thresholds = _candidates(sp, sn)
-    return _scan(sp, sn, bound, alpha / len(thresholds), thresholds)
+    return _scan(sp, sn, bound, 2 * alpha / (len(sp) + len(sn)), _candidates(sp, sn))
 
 
 # ---- one-run audits in f-DP (Mahloujifar et al. 2025) ----

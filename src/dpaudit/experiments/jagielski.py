@@ -320,8 +320,8 @@ def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
     Columns: ``eps_lb`` (Clopper-Pearson, [JUO20] Alg. 2, threshold chosen on the first
     ``select_frac`` of the trials and evaluated on the rest; per row of a group of k
     rows by [JUO20] Lemma 1 with ``delta``), its threshold and counts (``tpr``, ``fpr`` on
-    the evaluation trials); ``eps_lb_scan`` (every threshold on all trials, Bonferroni over
-    thresholds); ``mu_lb_group`` (Gaussian DP of the whole group, same split) and
+    the evaluation trials); ``eps_lb_scan`` (every threshold on all trials, union bound over
+    count values); ``mu_lb_group`` (Gaussian DP of the whole group, same split) and
     ``mu_lb = mu_lb_group / k``, per row (k rows of a mu-GDP mechanism compose to at most
     k mu); ``eps_lb_gdp`` = ``eps_from_mu(mu_lb, delta)``, which holds only if the models
     are exactly mu-GDP (Nasr et al. 2023's assumption), which subsampled DP-SGD is not: an
@@ -369,7 +369,8 @@ COLUMNS = {
     "eps_lb_best_k": "the paper's statistic: the largest over k of the per-k bounds, each at "
                      "1 - alpha; a maximum of several, not itself a 1 - alpha bound",
     "eps_lb": "certified: every k at alpha / len(ks), largest over k (union bound)",
-    "eps_lb_scan": "certified: every threshold on all trials and every k, Bonferroni over both",
+    "eps_lb_scan": "certified: every threshold on all trials (union bound over count values) "
+                   "and every k (Bonferroni)",
     "mu_lb": "certified per-row mu-GDP lower bound: group mu / k, every k at alpha / len(ks)",
     "eps_lb_gdp": "estimate: eps at delta of mu_lb, assuming the models are exactly mu-GDP",
     "eps_lb_clipbkd_logit": "certified: the reference's raw-logit statistic, as eps_lb",
