@@ -128,10 +128,14 @@ def test_cli_audit_table_and_figure(tmp_path, capsys):
 @pytest.mark.parametrize("change,message", [
     ({"m": 1}, "onerun.m=1"), ({"canaries": ["other"]}, "onerun.canaries[0]='other'"),
     ({"eps": ["3"]}, "onerun.eps: ['3']"), ({"bogus": 1}, "onerun.bogus: unknown key"),
+    ({"m": 81}, "onerun.m=81: the lr model has only 80 first-layer weights"),
 ])
 def test_cli_bad_spec_names_the_key(tmp_path, capsys, change, message):
+    from dpaudit import features
+
+    features.save_features(tmp_path / "task.npz", _task().arrays(), {"command": "test"})
     out = tmp_path / "x.csv"
-    assert main(["onerun-audit", "--task", str(tmp_path / "none.npz"), "--spec",
+    assert main(["onerun-audit", "--task", str(tmp_path / "task.npz"), "--spec",
                  json.dumps(_spec(**change)), "--train", json.dumps(TRAIN), "--seed", "0",
                  "--out", str(out)]) == 2
     assert message in capsys.readouterr().err and not out.exists()

@@ -40,7 +40,15 @@ def _audit(args) -> None:
                         f"(allowed: {sorted(train['noise'])})")
     arrays, task_prov = features.load_features(args.task)
     task = Task.from_arrays(arrays)
-    if "input" in spec["canaries"]:  # fail before training, naming the key
+    if "dirac" in spec["canaries"]:  # fail before training, naming the key
+        from .. import dpsgd
+
+        for arch in spec["archs"]:
+            fan_in, fan_out = dpsgd.ModelSpec(arch, task.X.shape[1], train["hidden"]).shapes[0]
+            if spec["m"] > fan_in * fan_out:
+                raise SpecError(f"onerun.m={spec['m']}: the {arch} model has only "
+                                f"{fan_in * fan_out} first-layer weights for Dirac canaries")
+    if "input" in spec["canaries"]:
         import numpy as np
         try:
             onerun.input_canaries(task, onerun.input_count(task, spec["m"], spec["input_kind"]),
