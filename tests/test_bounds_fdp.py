@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from scipy import optimize, special, stats
+from scipy import optimize, special
 
 from dpaudit import bounds
 

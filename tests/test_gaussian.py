@@ -8,7 +8,6 @@ import tracemalloc
 import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
-from scipy import special
 
 from dpaudit import bounds
 from dpaudit.experiments import gaussian_sum as ga

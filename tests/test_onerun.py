@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from dpaudit import accounting, dpsgd
 from dpaudit.cli import main

@@ -34,7 +34,6 @@ canaries, which are Poisson-sampled at B / n like each row; add/remove neighbour
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable
 
@@ -145,7 +144,7 @@ def audit_grid(task: Task, spec: dict, train: dict, seed: int, device=None,
     noise table). One row per run and threat model."""
     say = log or (lambda msg: None)
     rows, t0, trained = [], time.perf_counter(), 0
-    n, m = len(task.X), spec["m"]
+    m = spec["m"]
     for arch in spec["archs"]:
         model = dpsgd.ModelSpec(arch, task.X.shape[1], train["hidden"])
         for canary in spec["canaries"]:
@@ -189,5 +188,5 @@ def audit_grid(task: Task, spec: dict, train: dict, seed: int, device=None,
     return pd.DataFrame(rows)
 
 
-__all__ = ["CANARY_TYPES", "INPUT_KINDS", "THREAT_MODELS", "input_count", "input_canaries",
+__all__ = ["INPUT_KINDS", "input_count", "input_canaries",
            "quiet_coordinates", "audit_input", "audit_dirac", "audit_grid"]

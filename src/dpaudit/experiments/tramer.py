@@ -34,8 +34,6 @@ Training functions follow the contract of :mod:`dpaudit.subjects`:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Sequence
 

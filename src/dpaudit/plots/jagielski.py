@@ -96,7 +96,7 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
             title += "\n(JPEG re-encoded CIFAR-10)"
         ax.set(title=title, xlabel="eps_th (rdp_classic, delta = 1e-5, add/remove)",
                ylabel="empirical eps (see legend)")
-    handles, labels = {}, {}
+    handles = {}
     for ax in axes[0]:  # every entry once, whichever panel drew it
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..io import read_table
 from .jagielski import ARCH_NAMES, eps_label
-from .style import COLORS, figure, save
+from .style import figure, save
 
 #: (canary, threat model) -> (legend name, colour).
 LINES = {("input", "black-box"): ("black-box input canaries", "#2ca02c"),
