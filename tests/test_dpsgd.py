@@ -161,13 +161,18 @@ def test_no_noise_large_clip_is_plain_sgd(arch):
                                atol=1e-12)
 
 
-@pytest.mark.parametrize("sampling", ["shuffle", "poisson"])
-def test_each_models_randomness_depends_only_on_its_seed(sampling):
+def _noisy_problem(sampling):
+    """90 random examples, a 6-8-2 net, 3 noisy epochs of batch 20 with ``sampling``."""
     g = torch.Generator().manual_seed(2)
     X, y = torch.randn(90, 6, generator=g), torch.randint(0, 2, (90,), generator=g)
-    model = D.ModelSpec("fnn", 6, hidden=8)
     cfg = D.DPSGDConfig(epochs=3, batch_size=20, lr=0.2, clip=1.0, noise_multiplier=1.3,
                         sampling=sampling)
+    return X, y, D.ModelSpec("fnn", 6, hidden=8), cfg
+
+
+@pytest.mark.parametrize("sampling", ["shuffle", "poisson"])
+def test_each_models_randomness_depends_only_on_its_seed(sampling):
+    X, y, model, cfg = _noisy_problem(sampling)
     a = D.train(X, y, model, cfg, [7, 8, 9], device="cpu")
     b = D.train(X, y, model, cfg, [7, 8, 9], device="cpu")
     c = D.train(X, y, model, cfg, [9, 1, 7], device="cpu")
@@ -450,11 +455,7 @@ def test_flatten_is_the_noise_layout():
 
 @pytest.mark.parametrize("sampling", ["shuffle", "poisson"])
 def test_canaries_none_or_excluded_leave_training_unchanged(sampling):
-    g = torch.Generator().manual_seed(2)
-    X, y = torch.randn(90, 6, generator=g), torch.randint(0, 2, (90,), generator=g)
-    model = D.ModelSpec("fnn", 6, hidden=8)
-    cfg = D.DPSGDConfig(epochs=3, batch_size=20, lr=0.2, clip=1.0, noise_multiplier=1.3,
-                        sampling=sampling)
+    X, y, model, cfg = _noisy_problem(sampling)
     seeds = [7, 8, 9]
     plain = D.train(X, y, model, cfg, seeds, device="cpu")
     none = D.train(X, y, model, cfg, seeds, device="cpu", canaries=None)

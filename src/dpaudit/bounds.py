@@ -28,6 +28,7 @@ References
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,6 +40,7 @@ __all__ = [
     "eps_lb_clopper_pearson",
     "mu_lb_gdp",
     "eps_from_mu",
+    "eps_gdp_estimate",
     "delta_from_mu",
     "eps_lb_one_run",
     "mu_lb_one_run_gdp",
@@ -240,6 +242,15 @@ def eps_from_mu(mu: float, delta: float) -> float:
         hi *= 2
     return float(optimize.brentq(lambda e: delta_from_mu(mu, e) - delta, 0.0, hi, xtol=1e-12,
                                  rtol=1e-12))
+
+
+def eps_gdp_estimate(mu: float, delta: float) -> float:
+    """eps at ``delta`` of mu-GDP for a lower bound ``mu``: 0 for ``mu <= 0``, ``inf`` at
+    ``delta = 0`` (which no mu > 0 satisfies). An *estimate* of eps: it holds only if the
+    mechanism's trade-off curve is exactly Gaussian, which subsampled DP-SGD's is not."""
+    if mu <= 0:
+        return 0.0
+    return math.inf if delta == 0 else eps_from_mu(mu, delta)
 
 
 def _one_run_pvalue(m: int, r: int, v: int, eps: float, delta: float) -> float:
@@ -670,8 +681,7 @@ def one_run_sweep(m: int, correct, delta: float, beta: float = 0.05) -> dict:
         "eps_lb_fdp": np.reshape([eps_lb_one_run_fdp(m, rr, v, delta, level)
                                   for rr, v in at_best], best.shape),
         "mu_lb": mu,
-        "eps_gdp": np.vectorize(lambda x: eps_from_mu(x, delta) if delta > 0 else
-                                (np.inf if x > 0 else 0.0), otypes=[float])(mu),
+        "eps_gdp": np.vectorize(lambda x: eps_gdp_estimate(x, delta), otypes=[float])(mu),
         "eps_lb_pure": pure.max(axis=-1),
         "eps_lb_pure_hoeffding": np.asarray(eps_lb_hoeffding(r, correct, level)).max(axis=-1),
         "eps_hat_max": hat.max(axis=-1),

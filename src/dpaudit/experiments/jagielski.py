@@ -346,18 +346,11 @@ def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
             scan = bounds.threshold_scan_audit(pos, neg, cp, alpha)
             gdp = bounds.threshold_split_audit(pos, neg, bounds.mu_lb_gdp, alpha, select_frac)
             row.update(eps_lb_scan=scan.value, mu_lb_group=gdp.value, mu_lb=gdp.value / k,
-                       eps_lb_gdp=_eps_gdp(gdp.value / k, delta))
+                       eps_lb_gdp=bounds.eps_gdp_estimate(gdp.value / k, delta))
         out.append(row)
     if not out:
         raise ValueError("scores have no D1 trials (label 1)")
     return pd.DataFrame(out)
-
-
-def _eps_gdp(mu: float, delta: float) -> float:
-    """eps at delta of mu-GDP (inf at delta = 0, which no mu > 0 satisfies)."""
-    if mu <= 0:
-        return 0.0
-    return math.inf if delta == 0 else bounds.eps_from_mu(mu, delta)
 
 
 def _cp(ct_pos, n_pos, ct_neg, n_neg, alpha, *, delta, k):
@@ -397,7 +390,7 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
     row = {"eps_lb_best_k": float(best.eps_lb), "best_k": int(best.k), "tpr": float(best.tpr),
            "fpr": float(best.fpr), "threshold": float(best.threshold),
            "eps_lb": float(bonf.eps_lb.max()), "eps_lb_scan": float(bonf.eps_lb_scan.max()),
-           "mu_lb": mu_lb, "eps_lb_gdp": _eps_gdp(mu_lb, delta)}
+           "mu_lb": mu_lb, "eps_lb_gdp": bounds.eps_gdp_estimate(mu_lb, delta)}
     for stat in STATISTICS[attack][1:]:
         row[f"eps_lb_{stat}"] = float(audit_scores(scores, attack, level, delta, select_frac,
                                                    statistic=stat, split_only=True).eps_lb.max())

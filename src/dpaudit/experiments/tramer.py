@@ -109,7 +109,8 @@ def audit_counts(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, claimed_eps: 
     """eps_LB (Clopper-Pearson), mu_LB (GDP) and the verdict from evaluation counts."""
     eps_lb = bounds.eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha, delta)
     mu_lb = bounds.mu_lb_gdp(ct_pos, n_pos, ct_neg, n_neg, alpha)
-    return {"eps_lb": eps_lb, "mu_lb": mu_lb, "eps_lb_gdp": bounds.eps_from_mu(mu_lb, delta),
+    return {"eps_lb": eps_lb, "mu_lb": mu_lb,
+            "eps_lb_gdp": bounds.eps_gdp_estimate(mu_lb, delta),
             "mu_claimed": mu_claimed(claimed_eps, delta),
             "verdict": VIOLATES if eps_lb > claimed_eps else NO_VIOLATION}
 
