@@ -192,7 +192,8 @@ def main():
 def project(config: Path, device: str, models_s: float) -> None:
     """Projected wall time of the config's grids at ``models_s`` models per second."""
     cfg = yaml.safe_load(config.read_text())
-    models = grid_models(cfg["jagielski"])
+    one = cfg["onerun"]
+    models = grid_models(cfg["jagielski"], one["eps"] if one["compare_many_model"] else ())
     tr = cfg["tramer"]
     models["tramer"] = 2 * (tr["runs"] + tr["val_runs"]) * len(tr["implementations"])
     print(f"\nProjection on {device} at {models_s:.2f} models/s ({config.name}):")

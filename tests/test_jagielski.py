@@ -229,35 +229,85 @@ def test_theoretical_eps_reproduces_the_papers_calibration():
     assert jagielski.theoretical_eps(0.0, 10_000, cfg, 1e-5)["eps_th"] == math.inf
 
 
-def test_cli_train_scores_table_and_saved_models_reproduce_the_scores(tmp_path):
+def _train_cli(tmp_path, spec, eps, outs, *extra, attack="clipbkd", arch="fnn"):
     import json
 
-    from dpaudit import features
     from dpaudit.cli import main
+
+    return main(["jagielski-train", "--task", str(tmp_path / "task.npz"), "--dataset", "fmnist",
+                 "--arch", arch, "--attack", attack, "--clip", "1", "--init", "g2",
+                 "--eps", *eps, "--spec", json.dumps(spec), "--seed", "5",
+                 "--out", *map(str, outs), "--device", "cpu", *extra])
+
+
+TRAIN_SPEC = {"trials": 4, "ks": [1, 2], "sampling": "shuffle", "clipbkd_d0": "flipped",
+              "epochs": 2, "batch_size": 10, "lr": 0.5, "hidden": 5,
+              "noise": {"4": 0.7, "inf": 0.0}}
+
+
+def test_cli_train_scores_table_and_saved_models_reproduce_the_scores(tmp_path):
+    from dpaudit import features
     from dpaudit.io import read_table
 
     task = _task(np.random.default_rng(7))
     features.save_features(tmp_path / "task.npz", task.arrays(), {"dataset": "toy"})
-    spec = {"trials": 4, "ks": [1, 2], "sampling": "shuffle", "clipbkd_d0": "flipped",
-            "epochs": 2, "batch_size": 10, "lr": 0.5, "hidden": 5, "noise": 0.7}
     out = tmp_path / "cell.csv"
-    assert main(["jagielski-train", "--task", str(tmp_path / "task.npz"), "--dataset", "fmnist",
-                 "--arch", "fnn", "--attack", "clipbkd", "--clip", "1", "--init", "g2",
-                 "--eps", "4", "--spec", json.dumps(spec), "--seed", "5", "--out", str(out),
-                 "--device", "cpu", "--save-models", "2"]) == 0
+    assert _train_cli(tmp_path, TRAIN_SPEC, ["4"], [out], "--save-models", "2") == 0
     scores, prov = read_table(out)
     assert prov["seed"] == 5 and prov["cell"]["noise"] == 0.7 and prov["dpsgd"]["init_scale"] == 2
+    assert prov["spec"]["noise"] == 0.7 and prov["cell"]["eps"] == "4"
     assert len(scores) == 3 * 4
     params, model = dpsgd.load_params(out.with_name("cell_models_k2.pt"))
     assert params.K == 2 and model.hidden == 5
     again = jagielski.score_models(params, model, task)["clipbkd"]
     want = scores[scores.side == "k2"].sort_values("trial").clipbkd.to_numpy()[:2]
     np.testing.assert_allclose(again, want, rtol=1e-6)
-    bad = dict(spec)
-    del bad["noise"]
-    assert main(["jagielski-train", "--task", str(tmp_path / "task.npz"), "--dataset", "fmnist",
-                 "--arch", "lr", "--attack", "mi", "--clip", "1", "--init", "g1", "--eps", "4",
-                 "--spec", json.dumps(bad), "--seed", "5", "--out", str(out)]) == 2
+    bad = {k: v for k, v in TRAIN_SPEC.items() if k != "noise"}
+    assert _train_cli(tmp_path, bad, ["4"], [out], attack="mi", arch="lr") == 2
+    assert _train_cli(tmp_path, TRAIN_SPEC, ["8"], [out]) == 2  # no noise for label 8
+    assert _train_cli(tmp_path, TRAIN_SPEC, ["4", "inf"], [out]) == 2  # one path per label
+
+
+def test_cli_train_several_eps_keeps_cells_and_retrains_only_what_changed(tmp_path, capsys):
+    """One job, two eps labels: each cell is what a one-cell job writes; a rerun with a new
+    label restores the kept cells (same bytes) and trains only the new one; a changed spec
+    or task trains again."""
+    from dpaudit import features
+    from dpaudit.io import read_table
+
+    task = _task(np.random.default_rng(7))
+    features.save_features(tmp_path / "task.npz", task.arrays(), {"dataset": "toy"})
+    keep = tmp_path / "trained"
+    a, b = tmp_path / "e4.csv", tmp_path / "einf.csv"
+    assert _train_cli(tmp_path, TRAIN_SPEC, ["4", "inf"], [a, b], "--keep-dir", str(keep)) == 0
+    alone = tmp_path / "alone.csv"
+    assert _train_cli(tmp_path, TRAIN_SPEC, ["inf"], [alone]) == 0
+    pd.testing.assert_frame_equal(read_table(b)[0], read_table(alone)[0])
+    assert read_table(b)[1]["cell"]["noise"] == 0.0 and read_table(a)[1]["cell"]["noise"] == 0.7
+    capsys.readouterr()
+
+    # Snakemake removes a job's outputs before it reruns it
+    before = {p.name: p.read_bytes() for p in (a, b)}
+    a.unlink(), b.unlink()
+    spec = {**TRAIN_SPEC, "noise": {**TRAIN_SPEC["noise"], "1": 3.0}}
+    c = tmp_path / "e1.csv"
+    assert _train_cli(tmp_path, spec, ["1", "4", "inf"], [c, a, b], "--keep-dir", str(keep)) == 0
+    err = capsys.readouterr().err
+    assert err.count("restored from") == 2 and "cell 1/3 (e1.csv): {" in err
+    assert {p.name: p.read_bytes() for p in (a, b)} == before
+    assert read_table(c)[1]["cell"]["noise"] == 3.0 and (keep / "e1.csv").exists()
+
+    # More trials, then a different task: every cell trains again
+    a.unlink(), b.unlink()
+    assert _train_cli(tmp_path, {**TRAIN_SPEC, "trials": 5}, ["4", "inf"], [a, b],
+                      "--keep-dir", str(keep)) == 0
+    assert "restored" not in capsys.readouterr().err and read_table(a)[0].trial.max() == 4
+    other = _task(np.random.default_rng(8))
+    features.save_features(tmp_path / "task.npz", other.arrays(), {"dataset": "toy"})
+    a.unlink()
+    assert _train_cli(tmp_path, {**TRAIN_SPEC, "trials": 5}, ["4"], [a],
+                      "--keep-dir", str(keep)) == 0
+    assert "restored" not in capsys.readouterr().err
 
 
 def test_cli_missing_cifar_is_one_clear_message(tmp_path, capsys):
@@ -273,3 +323,32 @@ def test_cli_missing_cifar_is_one_clear_message(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "CIFAR-10 not found" in err and "Traceback" not in err
     assert str(tmp_path / "nothing") in err and not (tmp_path / "task.npz").exists()
+
+
+def test_grid_jobs_train_every_eps_label_once_and_count_the_papers_models():
+    """The paper's grids: 72 Figure 2 cells (2 data sets x 2 models x 6 eps x 3 attacks),
+    72 Table 2 cells (3 clips x 4 inits x 6 eps), 6 in both; a job trains one set-up and
+    attack at every label of Figure 2, Table 2 and the one-run comparison."""
+    import copy
+    from pathlib import Path
+
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "config" / "config.yaml").read_text())
+    jag = cfg["jagielski"]
+    cells = jagielski.grid_cells(jag)
+    assert (len(cells["fig2"]), len(cells["table2"]), len(cells["all"])) == (72, 72, 138)
+    # sides: MI 2, backdoor and ClipBKD 1 + len(ks) = 5; 1000 trials each
+    assert jagielski.grid_models(jag) == {"fig2": 6 * 4 * 12_000, "table2": 72 * 5_000,
+                                          "all": 6 * 4 * 12_000 + 66 * 5_000}
+    small = copy.deepcopy(jag)
+    small["fig2"]["eps"], small["table2"]["eps"] = ["4"], ["8", "4"]
+    assert jagielski.job_eps(small, ["inf"]) == ["4", "8", "inf"]
+    trained = jagielski.grid_cells(small, ["inf"])["all"]
+    assert len(trained) == 23 * 3 and len(set(trained)) == len(trained)  # 12 + 12 - 1 jobs
+    jagielski.check_grid(small, ["inf"])
+    del small["datasets"]["cifar"]["noise"]["8"]
+    with pytest.raises(ValueError, match=r"jagielski\.table2\.eps: '8' .*datasets\.cifar"):
+        jagielski.check_grid(small)
+    with pytest.raises(ValueError, match=r"onerun\.eps: '32'"):
+        jagielski.check_grid(jag, ["32"])

@@ -182,7 +182,7 @@ def _fake_image_data(root: Path):
 @pytest.mark.slow
 def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     """Figure 2 and Table 2 from tiny real-format data; growing the grid trains only the
-    new cells, and a grid interrupted before its table trains only its missing cells."""
+    new cells, and a grid interrupted before its table reruns only its unfinished jobs."""
     _fake_image_data(tmp_path / "data")
     cfg = load("quick.yaml")
     cfg["seed"] = 3
@@ -194,6 +194,7 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
                                     pretrain_images=0)
     jag["fig2"].update(archs=["lr"], eps=["4"], init=1.0)
     jag["table2"].update(clips=[1.0], inits=["fixed", 1.0], eps=["4"])
+    cfg["onerun"]["eps"] = ["4"]  # the one-run comparison's labels are trained too
     targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
     out = snakemake(*targets, "--cores", "2", "--directory", str(tmp_path), "--configfile",
                     str(write_config(tmp_path, cfg)))
@@ -215,6 +216,7 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     assert prov["seed"] == 3 and prov["cell"]["noise"] == 1.55
     assert len(scores) == 8 * 3 and scores.seed.nunique() == 24
 
+    # Growing the grid: a new set-up is a new job ...
     jag["table2"]["clips"] = [1.0, 2.0]
     dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(tmp_path),
                     "--configfile", str(write_config(tmp_path, cfg)))
@@ -222,9 +224,29 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     retrained = re.findall(r"output: results/jagielski/scores/(\S+)\.csv", dry.stdout)
     assert sorted(retrained) == ["fmnist_fnn_c2_fixed_e4_clipbkd", "fmnist_fnn_c2_g1_e4_clipbkd"]
 
-    # A grid interrupted before its table: only the missing cell trains.
+    # ... a new eps label reruns a set-up's job, which restores its finished cell (the same
+    # bytes) and trains only the new one; afterwards nothing is out of date.
     jag["table2"]["clips"] = [1.0]
-    (tmp_path / "results/jagielski/scores/cifar_lr_c1_g1_e4_mi.csv").unlink()
+    jag["fig2"]["eps"] = ["4", "8"]
+    scores_dir = tmp_path / "results/jagielski/scores"
+    e4 = (scores_dir / "cifar_lr_c1_g1_e4_mi.csv").read_bytes()
+    target = "results/jagielski/scores/cifar_lr_c1_g1_e8_mi.csv"
+    conf = str(write_config(tmp_path, cfg))
+    out = snakemake(target, "--cores", "2", "--directory", str(tmp_path), "--configfile", conf)
+    assert out.returncode == 0, out.stderr
+    log = (tmp_path / "logs/jagielski_train/cifar_lr_c1_g1_mi.log").read_text()
+    assert log.count("restored from") == 1, log
+    assert "cell 2/2 (cifar_lr_c1_g1_e8_mi.csv): {" in log
+    assert (scores_dir / "cifar_lr_c1_g1_e4_mi.csv").read_bytes() == e4
+    assert read_table(tmp_path / target)[1]["cell"]["noise"] == 1.02
+    again = snakemake(target, "-n", "--cores", "1", "--directory", str(tmp_path),
+                      "--configfile", conf)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    # A job interrupted before a cell finished (no table, nothing kept): that job reruns.
+    jag["fig2"]["eps"] = ["4"]
+    (scores_dir / "cifar_lr_c1_g1_e4_mi.csv").unlink()
+    (tmp_path / "results/jagielski/trained/cifar_lr_c1_g1_e4_mi.csv").unlink()
     for made in ("results/jagielski_fig2.csv", "figures/jagielski_fig2.pdf",
                  "figures/jagielski_fig2.png"):
         (tmp_path / made).unlink()

@@ -9,8 +9,10 @@ so an interrupted job never leaves a file Snakemake would take as complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,17 +57,77 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str,
             df.to_csv(fh, index=False)
 
 
+def _header(fh, path) -> dict[str, Any]:
+    first = fh.readline()
+    if not first.startswith(_PREFIX):
+        raise ValueError(f"{path}: not a dpaudit result table (no provenance header)")
+    return json.loads(first[len(_PREFIX):])
+
+
 def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Read a table written by :func:`write_table`; return ``(frame, provenance)``."""
     with open(path) as fh:
-        first = fh.readline()
-        if not first.startswith(_PREFIX):
-            raise ValueError(f"{path}: not a dpaudit result table (no provenance header)")
-        meta = json.loads(first[len(_PREFIX):])
+        meta = _header(fh, path)
         return pd.read_csv(fh), meta
+
+
+def read_provenance(path: str | os.PathLike) -> dict[str, Any]:
+    """The provenance of a table written by :func:`write_table`, without reading its rows."""
+    with open(path) as fh:
+        return _header(fh, path)
 
 
 def write_text(text: str, path: str | os.PathLike) -> None:
     """Write a text artefact (e.g. a Markdown table) atomically."""
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text)
+
+
+def array_digest(arrays: dict[str, Any]) -> str:
+    """SHA-256 of named arrays (numpy or torch, CPU): names, dtypes, shapes and bytes, so
+    two files with the same content (whatever their timestamps) get the same digest."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = arrays[name]
+        a = a.numpy() if hasattr(a, "numpy") else a
+        h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
+        h.update(memoryview(a.tobytes()))
+    return h.hexdigest()
+
+
+def keep_table(path: str | os.PathLike, store: str | os.PathLike) -> None:
+    """Keep the table at ``path`` under ``store`` (a hard link where the file system
+    allows, else a copy), so that a job that reruns can restore it with
+    :func:`restore_table` after Snakemake removed ``path``."""
+    path, store = Path(path), Path(store)
+    with atomic_path(store / path.name) as tmp:
+        tmp.unlink()
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copy2(path, tmp)
+
+
+def restore_table(path: str | os.PathLike, store: str | os.PathLike,
+                  match: dict[str, Any]) -> bool:
+    """Put back at ``path`` the table :func:`keep_table` kept under ``store`` if its
+    provenance has every item of ``match`` (compared as JSON); return whether it did.
+
+    The restored file is touched, so that Snakemake does not take it as older than the
+    inputs of the job that restored it."""
+    path, kept = Path(path), Path(store) / Path(path).name
+    try:
+        prov = read_provenance(kept)
+    except (OSError, ValueError):
+        return False
+    want = json.loads(json.dumps(match, sort_keys=True, default=str))
+    if any(prov.get(k) != v for k, v in want.items()):
+        return False
+    with atomic_path(path) as tmp:
+        tmp.unlink()
+        try:
+            os.link(kept, tmp)
+        except OSError:
+            shutil.copy2(kept, tmp)
+    os.utime(path)
+    return True

@@ -1,17 +1,26 @@
-# Jagielski et al. 2020: DP-SGD audits on FMNIST and CIFAR-10.  One job per
-# cell (data set, model, clip, init, eps, attack) trains all its models in batches and
-# writes their scores; a grid resumes cell by cell.  Figure 2 and Table 2 share cells.
-# Each job gets only the config values its output depends on, so growing a grid (more
-# clips, inits, eps) reruns no finished cell.
-from dpaudit.experiments.jagielski import AUDIT_KEYS, TASK_KEYS, cell_path, check_eps_labels, train_spec
+# Jagielski et al. 2020: DP-SGD audits on FMNIST and CIFAR-10.  A cell is (data set,
+# model, clip, init, eps, attack) and has its own score table; one job trains the cells of
+# one (data set, model, clip, init, attack) at every eps label, so that the start-up
+# (imports, CUDA context, task load) is paid once per job.  Figure 2 and Table 2 share
+# cells.  Each job gets only the config values its cells depend on, and keeps what it
+# trains in TRAINED_DIR: when a job reruns (more eps labels, a failure halfway, a new device
+# or models_per_call), it restores its finished cells and trains only the others.
+from dpaudit.experiments.jagielski import (
+    AUDIT_KEYS,
+    TASK_KEYS,
+    TRAINED_DIR,
+    cell_path,
+    check_grid,
+    job_eps,
+    train_spec,
+)
 
 FIGURES += ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
 JAG = config["jagielski"]
-
-
-for _ds in JAG["fig2"]["datasets"]:
-    check_eps_labels(JAG, "fig2", _ds, JAG["fig2"]["eps"])
-check_eps_labels(JAG, "table2", JAG["table2"]["dataset"], JAG["table2"]["eps"])
+# The one-run audits compare with many-model cells at their own eps labels.
+_ONERUN_EPS = config["onerun"]["eps"] if config["onerun"]["compare_many_model"] else []
+check_grid(JAG, _ONERUN_EPS)
+JOB_EPS = job_eps(JAG, _ONERUN_EPS)
 
 
 FIG2_CELLS = [
@@ -83,16 +92,20 @@ rule jagielski_train:
             [f"results/jagielski/init_{wc.dataset}_{wc.arch}.pt"] if wc.init == "fixed" else []
         ),
     output:
-        "results/jagielski/scores/{dataset}_{arch}_c{clip}_{init}_e{eps}_{attack}.csv",
+        [
+            f"results/jagielski/scores/{{dataset}}_{{arch}}_c{{clip}}_{{init}}_e{eps}_{{attack}}.csv"
+            for eps in JOB_EPS
+        ],
     wildcard_constraints:
         dataset="fmnist|cifar",
         arch="lr|fnn",
         clip="[0-9.e+-]+",
         init="fixed|g[0-9.e+-]+",
-        eps="[^_/]+",
         attack="mi|backdoor|clipbkd",
     params:
-        spec=lambda wc: quoted_json(train_spec(JAG, wc.dataset, wc.eps)),
+        spec=lambda wc: quoted_json(train_spec(JAG, wc.dataset, JOB_EPS)),
+        eps=" ".join(JOB_EPS),
+        keep=TRAINED_DIR,
         seed=config["seed"],
         device=JAG["device"],
         models_per_call=JAG["models_per_call"],
@@ -101,15 +114,16 @@ rule jagielski_train:
     resources:
         gpu=GPU_PER_JOB,
     log:
-        "logs/jagielski_train/{dataset}_{arch}_c{clip}_{init}_e{eps}_{attack}.log",
+        "logs/jagielski_train/{dataset}_{arch}_c{clip}_{init}_{attack}.log",
     conda:
         ENV
     shell:
         "dpaudit jagielski-train --task {input.task} --dataset {wildcards.dataset}"
         " --arch {wildcards.arch} --attack {wildcards.attack} --clip {wildcards.clip}"
-        " --init {wildcards.init} --eps {wildcards.eps} {params.init_file}"
+        " --init {wildcards.init} --eps {params.eps} {params.init_file}"
         " --device {params.device} --models-per-call {params.models_per_call}"
-        " --spec {params.spec} --seed {params.seed} --out {output} 2> {log}"
+        " --keep-dir {params.keep} --spec {params.spec} --seed {params.seed}"
+        " --out {output} 2> {log}"
 
 
 AUDIT_SPEC = quoted_json({k: JAG[k] for k in AUDIT_KEYS})

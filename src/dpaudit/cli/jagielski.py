@@ -2,9 +2,9 @@
 
 ``jagielski-task`` prepares a data set's task (FMNIST, or CIFAR-10 features of a
 pretrained CNN) once; ``jagielski-init`` draws the shared "fixed" initialisation;
-``jagielski-train`` trains and scores one cell (a setup and an attack, every side, T
-trials each) into a score table; ``jagielski-audit`` turns the score tables of Figure 2 or
-Table 2 into bounds; ``jagielski-plot`` draws them.
+``jagielski-train`` trains and scores the cells of one set-up and attack at several eps
+labels (every side, T trials each) into one score table per cell; ``jagielski-audit``
+turns the score tables of Figure 2 or Table 2 into bounds; ``jagielski-plot`` draws them.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ def _train_schema() -> dict:
     node = subset_schema(TRAIN_KEYS[:4], "jagielski")
     per_dataset = section_schema("jagielski", "datasets", "fmnist")["properties"]
     node["properties"].update({k: per_dataset[k] for k in TRAIN_KEYS[4:8]})
-    node["properties"]["noise"] = {"type": "number", "minimum": 0,
-                                   "description": "the cell's DP-SGD noise multiplier"}
+    node["properties"]["noise"] = {
+        "type": "object", "minProperties": 1,
+        "additionalProperties": {"type": "number", "minimum": 0},
+        "description": "DP-SGD noise multiplier of each eps label the job trains"}
     node["required"] = list(TRAIN_KEYS)
     return node
 
@@ -88,14 +90,22 @@ def _train(args) -> None:
 
     from .. import dpsgd, features
     from ..experiments import jagielski
-    from ..io import write_table
+    from ..io import array_digest, keep_table, restore_table, write_table
 
     spec = validate_section(args.spec, "jagielski", schema_node=_train_schema())
+    if len(args.eps) != len(args.out):
+        raise SpecError(f"--eps has {len(args.eps)} labels and --out {len(args.out)} paths: "
+                        "give one score table per label")
+    unknown = [e for e in args.eps if e not in spec["noise"]]
+    if unknown:
+        raise SpecError(f"--eps {unknown}: not keys of the spec's noise "
+                        f"(allowed: {sorted(spec['noise'])})")
     log = _say("jagielski-train")
     arrays, task_prov = features.load_features(args.task)
     task = jagielski.Task.from_arrays(arrays)
     model = dpsgd.ModelSpec(args.arch, task.X.shape[1], spec["hidden"])
-    cfg = _dpsgd_config(spec, args.clip, float(spec["noise"]), args.init, spec["sampling"])
+    # What, beside the spec, seed and cell, a kept table must have been trained on.
+    inputs = {"task_sha256": array_digest(arrays)}
     init = None
     if args.init == "fixed":
         if args.init_file is None:
@@ -103,33 +113,49 @@ def _train(args) -> None:
         init, saved = dpsgd.load_params(args.init_file)
         if saved != model:
             raise SpecError(f"{args.init_file} holds {saved}, not {model}")
-    cell = {"dataset": args.dataset, "arch": args.arch, "clip": args.clip, "init": args.init,
-            "eps": args.eps, "noise": float(spec["noise"]), "attack": args.attack,
-            "n": len(task.X), "steps": cfg.steps(len(task.X))}
-    log(f"cell {cell}: {spec['trials']} trials per side")
+        inputs["init_sha256"] = array_digest({f"{name}{i}": t for name, ts in
+                                              (("W", init.W), ("b", init.b))
+                                              for i, t in enumerate(ts)})
+    device = resolve(args.device)
+    for i, (eps, out) in enumerate(zip(args.eps, args.out), 1):
+        noise = float(spec["noise"][eps])
+        cfg = _dpsgd_config(spec, args.clip, noise, args.init, spec["sampling"])
+        cell = {"dataset": args.dataset, "arch": args.arch, "clip": args.clip,
+                "init": args.init, "eps": eps, "noise": noise, "attack": args.attack,
+                "n": len(task.X), "steps": cfg.steps(len(task.X))}
+        made_by = {"spec": {**spec, "noise": noise}, "seed": args.seed, "cell": cell,
+                   "inputs": inputs}
+        where = f"cell {i}/{len(args.eps)} ({out.name})"
+        if (args.keep_dir is not None and not args.save_models
+                and restore_table(out, args.keep_dir, made_by)):
+            log(f"{where}: restored from {args.keep_dir}, where it was kept when trained "
+                "with the same spec, seed, task and init (delete it there to retrain)")
+            continue
+        log(f"{where}: {cell}, {spec['trials']} trials per side")
+        kept: dict = {}
 
-    def keep(side, seeds, params):  # the first --save-models models of each side
-        have = kept.setdefault(side, [])
-        take = min(args.save_models - sum(p.K for p in have), params.K)
-        if take > 0:
-            have.append(params.select(list(range(take))).to("cpu"))
+        def keep(side, seeds, params):  # the first --save-models models of each side
+            have = kept.setdefault(side, [])
+            take = min(args.save_models - sum(p.K for p in have), params.K)
+            if take > 0:
+                have.append(params.select(list(range(take))).to("cpu"))
 
-    kept: dict = {}
-    scores = jagielski.run_cell(task, args.attack, model, cfg, spec["ks"], spec["trials"],
-                                args.seed, (args.dataset, args.arch), init, spec["clipbkd_d0"],
-                                args.models_per_call, resolve(args.device), log,
-                                keep if args.save_models else None)
-    for side, parts in kept.items():
-        params = dpsgd.Params([torch.cat(w) for w in zip(*(p.W for p in parts))],
-                              [torch.cat(b) for b in zip(*(p.b for p in parts))])
-        path = args.out.with_name(f"{args.out.stem}_models_{side}.pt")
-        dpsgd.save_params(path, params, model)
-        log(f"saved the first {params.K} models of side {side} (trials 0..) to {path}")
-    scores = pd.concat([pd.DataFrame({k: [v] * len(scores) for k, v in cell.items()}), scores],
-                       axis=1)
-    write_table(scores, args.out, {"command": "jagielski-train", "spec": spec, "seed": args.seed,
-                                   "device": args.device, "cell": cell, "dpsgd": vars(cfg),
-                                   "task": task_prov})
+        scores = jagielski.run_cell(task, args.attack, model, cfg, spec["ks"], spec["trials"],
+                                    args.seed, (args.dataset, args.arch), init,
+                                    spec["clipbkd_d0"], args.models_per_call, device, log,
+                                    keep if args.save_models else None)
+        for side, parts in kept.items():
+            params = dpsgd.Params([torch.cat(w) for w in zip(*(p.W for p in parts))],
+                                  [torch.cat(b) for b in zip(*(p.b for p in parts))])
+            path = out.with_name(f"{out.stem}_models_{side}.pt")
+            dpsgd.save_params(path, params, model)
+            log(f"saved the first {params.K} models of side {side} (trials 0..) to {path}")
+        scores = pd.concat([pd.DataFrame({k: [v] * len(scores) for k, v in cell.items()}),
+                            scores], axis=1)
+        write_table(scores, out, {"command": "jagielski-train", **made_by,
+                                  "device": args.device, "dpsgd": vars(cfg), "task": task_prov})
+        if args.keep_dir is not None:
+            keep_table(out, args.keep_dir)
 
 
 def _audit(args) -> None:
@@ -197,23 +223,31 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="weights (.pt)")
     p.set_defaults(func=_init)
 
-    p = subparsers.add_parser("jagielski-train", help="train and score the models of one cell")
+    p = subparsers.add_parser(
+        "jagielski-train", help="train and score the models of one set-up at several eps")
     p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
     p.add_argument("--dataset", choices=["fmnist", "cifar"], required=True)
     p.add_argument("--arch", choices=["lr", "fnn"], required=True)
     p.add_argument("--attack", choices=["mi", "backdoor", "clipbkd"], required=True)
     p.add_argument("--clip", type=float, required=True, help="clipping norm C")
     p.add_argument("--init", required=True, help="'fixed' or 'g<Glorot scale>', e.g. g1")
-    p.add_argument("--eps", required=True, help="eps label of the noise table (e.g. 8, inf)")
+    p.add_argument("--eps", nargs="+", required=True,
+                   help="eps labels of the spec's noise table (e.g. 8 inf): one cell each")
     p.add_argument("--init-file", type=Path, default=None, help="weights from jagielski-init")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
     p.add_argument("--models-per-call", type=int, default=0,
                    help="models trained at once (0: as many as fit)")
+    p.add_argument("--keep-dir", type=Path, default=None, metavar="DIR",
+                   help="keep every trained table in DIR too, and restore a cell from DIR "
+                        "instead of training it when DIR holds it from the same spec, seed, "
+                        "task and init (the workflow's reruns train only new cells)")
     p.add_argument("--save-models", type=int, default=0, metavar="N",
                    help="also save the weights of the first N models of each side, beside "
-                        "OUT as OUT_models_<side>.pt (dpsgd.load_params reads them)")
+                        "each OUT as OUT_models_<side>.pt (dpsgd.load_params reads them); "
+                        "cells are then always trained")
     common(p, f"JSON object with keys {', '.join(TRAIN_KEYS)}")
-    p.add_argument("--out", type=Path, required=True, help="score table (CSV)")
+    p.add_argument("--out", type=Path, nargs="+", required=True,
+                   help="score table (CSV) of each --eps label, in the same order")
     p.set_defaults(func=_train)
 
     p = subparsers.add_parser("jagielski-audit", help="bounds of Figure 2 or Table 2")

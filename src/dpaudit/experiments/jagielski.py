@@ -49,8 +49,8 @@ ATTACKS = ("mi", "backdoor", "clipbkd")
 DATASETS = ("fmnist", "cifar")
 #: Statistic columns of a score table, by attack (the first is the attack's primary one).
 STATISTICS = {"mi": ("mi",), "backdoor": ("backdoor",), "clipbkd": ("clipbkd", "clipbkd_logit")}
-#: Keys of ``jagielski-train --spec``: what a cell's models depend on (the rule passes only
-#: these, so that growing a grid reruns no finished cell).
+#: Keys of ``jagielski-train --spec``: what a job's models depend on (the rule passes only
+#: these; ``noise``: the multiplier of each eps label the job trains).
 TRAIN_KEYS = ("trials", "ks", "sampling", "clipbkd_d0", "epochs", "batch_size", "lr", "hidden",
               "noise")
 #: Keys of a data set's section that its task depends on (``jagielski-task --spec``).
@@ -180,45 +180,74 @@ def init_label(value) -> str:
 
 
 def cell_path(dataset: str, arch: str, clip, init, eps: str, attack: str) -> str:
-    """Score table of one cell (the workflow's ``jagielski_train`` output)."""
+    """Score table of one cell (an output of the workflow's ``jagielski_train``)."""
     return (f"results/jagielski/scores/{dataset}_{arch}_c{float(clip):g}_{init_label(init)}"
             f"_e{eps}_{attack}.csv")
 
 
-def check_eps_labels(jag: dict, where: str, dataset: str, labels) -> None:
-    """A ValueError naming ``jagielski.<where>.eps`` if a label has no noise multiplier."""
-    noise = jag["datasets"][dataset]["noise"]
-    for label in labels:
-        if label not in noise:
-            raise ValueError(f"config jagielski.{where}.eps: {label!r} is not a key of "
-                             f"jagielski.datasets.{dataset}.noise (allowed: {sorted(noise)})")
+#: Where ``jagielski-train`` keeps every cell it trained, so that a job Snakemake reruns
+#: (the grid grew, the job failed halfway, a job parameter changed) restores its finished
+#: cells instead of training them again.
+TRAINED_DIR = "results/jagielski/trained"
 
 
-def train_spec(jag: dict, dataset: str, eps: str) -> dict:
-    """The ``jagielski-train --spec`` of a cell: :data:`TRAIN_KEYS` from the ``jagielski``
-    config section and its data set's section, the noise of label ``eps``, nothing else."""
-    check_eps_labels(jag, "datasets", dataset, [eps])
+def job_eps(jag: dict, onerun_eps=()) -> list[str]:
+    """The eps labels every training job trains: Figure 2's, then Table 2's and
+    ``onerun_eps`` (the one-run audits' many-model cells) others.  A job is one (data set,
+    model, clip, init, attack) at every label, so that one process trains several cells
+    (the per-job start-up is paid once per job, not per cell)."""
+    return list(dict.fromkeys([*jag["fig2"]["eps"], *jag["table2"]["eps"], *onerun_eps]))
+
+
+def check_grid(jag: dict, onerun_eps=()) -> None:
+    """A ValueError naming the config key if an eps label the jobs train has no noise
+    multiplier in a trained data set's table."""
+    f2, t2 = jag["fig2"], jag["table2"]
+    lists = {"jagielski.fig2.eps": f2["eps"], "jagielski.table2.eps": t2["eps"],
+             "onerun.eps": onerun_eps}
+    for dataset in dict.fromkeys([*f2["datasets"], t2["dataset"]]):
+        noise = jag["datasets"][dataset]["noise"]
+        for key, labels in lists.items():
+            for label in labels:
+                if label not in noise:
+                    raise ValueError(
+                        f"config {key}: {label!r} is not a key of jagielski.datasets."
+                        f"{dataset}.noise (allowed: {sorted(noise)}); every training job "
+                        f"trains each label of {', '.join(lists)}")
+
+
+def train_spec(jag: dict, dataset: str, labels) -> dict:
+    """The ``jagielski-train --spec`` of a job: :data:`TRAIN_KEYS` from the ``jagielski``
+    config section and its data set's section, ``noise`` only for ``labels``, nothing else."""
     ds = jag["datasets"][dataset]
-    spec = {**jag, **ds, "noise": ds["noise"][eps]}
+    missing = [e for e in labels if e not in ds["noise"]]
+    if missing:
+        raise ValueError(f"eps labels {missing} are not keys of jagielski.datasets.{dataset}"
+                         f".noise (allowed: {sorted(ds['noise'])})")
+    spec = {**jag, **ds, "noise": {e: ds["noise"][e] for e in labels}}
     return {k: spec[k] for k in TRAIN_KEYS}
 
 
-def grid_cells(jag: dict) -> dict[str, list[tuple]]:
+def grid_cells(jag: dict, onerun_eps=()) -> dict[str, list[tuple]]:
     """The cells (dataset, arch, clip, init, eps label, attack) of Figure 2 and Table 2 in
-    the ``jagielski`` config section ``jag``; a cell in both is trained once."""
+    the ``jagielski`` config section ``jag``; ``all``: every cell the training jobs train
+    (a cell in both grids once; each job at every label of :func:`job_eps`)."""
     f2, t2 = jag["fig2"], jag["table2"]
     fig2 = [(d, a, float(f2["clip"]), init_label(f2["init"]), e, att) for d in f2["datasets"]
             for a in f2["archs"] for e in f2["eps"] for att in f2["attacks"]]
     table2 = [(t2["dataset"], t2["arch"], float(c), init_label(i), e, "clipbkd")
               for c in t2["clips"] for i in t2["inits"] for e in t2["eps"]]
-    return {"fig2": fig2, "table2": table2, "all": sorted(set(fig2) | set(table2))}
+    jobs = sorted({(*c[:4], c[5]) for c in fig2 + table2})
+    trained = sorted((*job[:4], e, job[4]) for job in jobs for e in job_eps(jag, onerun_eps))
+    return {"fig2": fig2, "table2": table2, "all": trained}
 
 
-def grid_models(jag: dict) -> dict[str, int]:
+def grid_models(jag: dict, onerun_eps=()) -> dict[str, int]:
     """Models each grid of :func:`grid_cells` trains: ``trials`` per side, sides = D0 and
     one D1 per k (MI: D0 and D1)."""
     per_cell = lambda cell: jag["trials"] * (2 if cell[5] == "mi" else 1 + len(jag["ks"]))  # noqa: E731
-    return {name: sum(map(per_cell, cells)) for name, cells in grid_cells(jag).items()}
+    return {name: sum(map(per_cell, cells))
+            for name, cells in grid_cells(jag, onerun_eps).items()}
 
 
 def sides(task: Task, attack: str, ks, clipbkd_d0: str = "flipped"):
@@ -497,6 +526,7 @@ def table2_markdown(table: pd.DataFrame) -> str:
 
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS", "Task", "make_task", "sides", "model_seeds",
            "score_models", "run_cell", "audit_scores", "summarize_cell", "COLUMNS",
-           "init_label", "init_name", "cell_path", "grid_cells", "grid_models", "check_eps_labels", "train_spec", "TABLE2_NOTES",
+           "init_label", "init_name", "cell_path", "TRAINED_DIR", "job_eps", "check_grid",
+           "grid_cells", "grid_models", "train_spec", "TABLE2_NOTES",
            "theoretical_eps", "PAPER_TABLE2", "paper_table2", "with_paper_table2",
            "table2_markdown"]
