@@ -16,8 +16,9 @@ pick_k chooses, on the CPU (from the fastest thread count) and on CUDA when pres
 the projected wall time of the config's Jagielski grids (Figure 2, Table 2, both; cells
 shared between them train once) and of its Tramer audit, as if every model cost one FMNIST
 2-layer model (CIFAR heads train on 1024-d features for 20 epochs of 20 steps: about as
-costly; the Tramer models are smaller: an upper estimate), plus the fixed start-up of one
-training job (process, imports, task load), paid once per cell.
+costly; the Tramer models are smaller: an upper estimate), and the start-up of the
+Jagielski training jobs (a fresh process importing the trainer, with the CUDA context on
+a GPU), paid once per job (one data set, model, clip, init and attack at every eps label).
 
     python benchmarks/bench_dpsgd.py [--threads 2 1] [--epochs 2] [--ks 1 4 8 16]
 """
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -37,7 +40,7 @@ from torch import nn
 import yaml
 
 from dpaudit import dpsgd
-from dpaudit.experiments.jagielski import grid_models
+from dpaudit.experiments.jagielski import grid_cells, grid_models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -189,16 +192,36 @@ def main():
         project(args.config, torch.cuda.get_device_name(), speeds[-1])
 
 
+def job_startup(cuda: bool) -> float:
+    """Seconds a training job spends before it trains, best of 3: a fresh Python importing
+    the trainer and, on a GPU, creating the CUDA context."""
+    code = ("import torch, dpaudit.cli, dpaudit.dpsgd, dpaudit.experiments.jagielski; "
+            + ("torch.zeros(1, device='cuda').sum().item()" if cuda else "pass"))
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
 def project(config: Path, device: str, models_s: float) -> None:
-    """Projected wall time of the config's grids at ``models_s`` models per second."""
+    """Projected wall time of the config's grids at ``models_s`` models per second, and
+    the start-up of its Jagielski training jobs."""
     cfg = yaml.safe_load(config.read_text())
     one = cfg["onerun"]
-    models = grid_models(cfg["jagielski"], one["eps"] if one["compare_many_model"] else ())
+    onerun = one if one["compare_many_model"] else None
+    models = grid_models(cfg["jagielski"], onerun)
     tr = cfg["tramer"]
     models["tramer"] = 2 * (tr["runs"] + tr["val_runs"]) * len(tr["implementations"])
     print(f"\nProjection on {device} at {models_s:.2f} models/s ({config.name}):")
     for name, n in models.items():
         print(f"  {name:8s} {n:9d} models  {n / models_s / 3600:8.2f} h")
+    cells = grid_cells(cfg["jagielski"], onerun)["all"]
+    jobs = len({(*c[:4], c[5]) for c in cells})
+    start = job_startup(device != "CPU")
+    print(f"  start-up {jobs} jobs x {start:.1f} s = {jobs * start / 60:.1f} min "
+          f"(one job per cell: {len(cells)} x {start:.1f} s = {len(cells) * start / 60:.1f} min)")
 
 
 if __name__ == "__main__":

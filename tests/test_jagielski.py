@@ -297,6 +297,13 @@ def test_cli_train_several_eps_keeps_cells_and_retrains_only_what_changed(tmp_pa
     assert {p.name: p.read_bytes() for p in (a, b)} == before
     assert read_table(c)[1]["cell"]["noise"] == 3.0 and (keep / "e1.csv").exists()
 
+    # Another models_per_call: speed only, so restored; the same path twice: refused
+    a.unlink(), b.unlink()
+    assert _train_cli(tmp_path, TRAIN_SPEC, ["4", "inf"], [a, b], "--keep-dir", str(keep),
+                      "--models-per-call", "3") == 0
+    assert capsys.readouterr().err.count("restored from") == 2
+    assert _train_cli(tmp_path, TRAIN_SPEC, ["4", "inf"], [a, a]) == 2
+
     # More trials, then a different task: every cell trains again
     a.unlink(), b.unlink()
     assert _train_cli(tmp_path, {**TRAIN_SPEC, "trials": 5}, ["4", "inf"], [a, b],
@@ -327,28 +334,33 @@ def test_cli_missing_cifar_is_one_clear_message(tmp_path, capsys):
 
 def test_grid_jobs_train_every_eps_label_once_and_count_the_papers_models():
     """The paper's grids: 72 Figure 2 cells (2 data sets x 2 models x 6 eps x 3 attacks),
-    72 Table 2 cells (3 clips x 4 inits x 6 eps), 6 in both; a job trains one set-up and
-    attack at every label of Figure 2, Table 2 and the one-run comparison."""
+    72 Table 2 cells (3 clips x 4 inits x 6 eps), 6 in both, and the one-run comparison's
+    12, all Figure 2's; a job trains one set-up and attack at every label of Figure 2 and
+    Table 2."""
     import copy
     from pathlib import Path
 
     import yaml
 
     cfg = yaml.safe_load((Path(__file__).parents[1] / "config" / "config.yaml").read_text())
-    jag = cfg["jagielski"]
-    cells = jagielski.grid_cells(jag)
-    assert (len(cells["fig2"]), len(cells["table2"]), len(cells["all"])) == (72, 72, 138)
+    jag, one = cfg["jagielski"], cfg["onerun"]
+    cells = jagielski.grid_cells(jag, one)
+    assert [len(cells[k]) for k in ("fig2", "table2", "onerun", "all")] == [72, 72, 12, 138]
+    assert set(cells["onerun"]) <= set(cells["fig2"])
     # sides: MI 2, backdoor and ClipBKD 1 + len(ks) = 5; 1000 trials each
-    assert jagielski.grid_models(jag) == {"fig2": 6 * 4 * 12_000, "table2": 72 * 5_000,
-                                          "all": 6 * 4 * 12_000 + 66 * 5_000}
+    assert jagielski.grid_models(jag, one) == {"fig2": 6 * 4 * 12_000, "table2": 72 * 5_000,
+                                               "all": 6 * 4 * 12_000 + 66 * 5_000}
     small = copy.deepcopy(jag)
     small["fig2"]["eps"], small["table2"]["eps"] = ["4"], ["8", "4"]
-    assert jagielski.job_eps(small, ["inf"]) == ["4", "8", "inf"]
-    trained = jagielski.grid_cells(small, ["inf"])["all"]
-    assert len(trained) == 23 * 3 and len(set(trained)) == len(trained)  # 12 + 12 - 1 jobs
-    jagielski.check_grid(small, ["inf"])
+    assert jagielski.job_eps(small) == ["4", "8"]
+    # at the fixed init the one-run lr cells are a job of their own (fnn: Table 2's)
+    fixed = {**one, "eps": ["8"], "init": "fixed"}
+    trained = jagielski.grid_cells(small, fixed)["all"]
+    assert len(trained) == (12 + 12 - 1 + 1) * 2 and len(set(trained)) == len(trained)
+    assert ("fmnist", "lr", 1.0, "fixed", "4", "clipbkd") in trained
+    jagielski.check_grid(small, fixed)
+    with pytest.raises(ValueError, match=r"onerun\.eps: 'inf' is in neither"):
+        jagielski.check_grid(small, {**fixed, "eps": ["inf"]})
     del small["datasets"]["cifar"]["noise"]["8"]
     with pytest.raises(ValueError, match=r"jagielski\.table2\.eps: '8' .*datasets\.cifar"):
         jagielski.check_grid(small)
-    with pytest.raises(ValueError, match=r"onerun\.eps: '32'"):
-        jagielski.check_grid(jag, ["32"])

@@ -21,11 +21,11 @@ _claimed: tuple[torch.device, IO | None] | None = None
 
 def resolve(device: str | torch.device | None = None) -> torch.device:
     """``None`` or ``"auto"``: a GPU when torch sees one, else the CPU; ``"cuda"`` without an
-    index, of several GPUs: the one with the most free memory that no other dpaudit process
-    has claimed (:func:`claim_first`; jobs started side by side with ``--resources gpu=N``
-    each get their own of the N GPUs), the same one for the rest of the process; any other
-    name or ``torch.device`` as given. Asking for CUDA where torch sees none is a
-    ValueError."""
+    index, of several GPUs: the first one that no other dpaudit process of this user has
+    claimed (:func:`claim_first`: jobs started side by side with ``--resources gpu=N`` each
+    get their own of the N GPUs), or the one with the most free memory if all are claimed,
+    the same one for the rest of the process; any other name or ``torch.device`` as given.
+    Asking for CUDA where torch sees none is a ValueError."""
     global _claimed
     if device is None or device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -33,11 +33,18 @@ def resolve(device: str | torch.device | None = None) -> torch.device:
     if dev.type == "cuda" and dev.index is None and torch.cuda.device_count() > 1:
         if _claimed is None:
             n = torch.cuda.device_count()
-            free = [torch.cuda.mem_get_info(i)[0] for i in range(n)]
-            order = sorted(range(n), key=lambda i: -free[i])
-            names = [str(torch.cuda.get_device_properties(i).uuid) for i in order]
+            # Global names, so that jobs with different CUDA_VISIBLE_DEVICES agree.
+            names = [str(getattr(torch.cuda.get_device_properties(i), "uuid", ""))
+                     for i in range(n)]
+            if len(set(names)) < n or "" in names:
+                names = [f"cuda{i}" for i in range(n)]
             pick, lock = claim_first(names, LOCK_DIR)
-            _claimed = (torch.device("cuda", order[names.index(pick)]), lock)
+            if lock is None:  # every card claimed: share the freest (this opens contexts)
+                free = [torch.cuda.mem_get_info(i)[0] for i in range(n)]
+                index = max(range(n), key=free.__getitem__)
+            else:
+                index = names.index(pick)
+            _claimed = (torch.device("cuda", index), lock)
         return _claimed[0]
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}: torch sees no CUDA device here (use auto or cpu)")
@@ -45,13 +52,19 @@ def resolve(device: str | torch.device | None = None) -> torch.device:
 
 
 def claim_first(names: Sequence[str], lock_dir: Path) -> tuple[str, IO | None]:
-    """The first of ``names`` (GPUs, best first) that no other process holds, claimed by an
-    exclusive lock on ``lock_dir/<name>.lock`` that lasts while the returned file is open
-    (the operating system releases it when the process ends, however it ends). When every
-    one is held: the first, with no lock."""
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    """The first of ``names`` (GPUs) that no other process holds, claimed by an exclusive
+    lock on ``lock_dir/<name>.lock`` that lasts while the returned file is open (the
+    operating system releases it when the process ends, however it ends). When every one
+    is held, or the locks cannot be made: the first, with no lock."""
+    try:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return names[0], None
     for name in names:
-        fh = open(lock_dir / f"{name}.lock", "w")
+        try:
+            fh = open(lock_dir / f"{name}.lock", "w")
+        except OSError:
+            continue
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -95,17 +95,24 @@ def array_digest(arrays: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def keep_table(path: str | os.PathLike, store: str | os.PathLike) -> None:
-    """Keep the table at ``path`` under ``store`` (a hard link where the file system
-    allows, else a copy), so that a job that reruns can restore it with
-    :func:`restore_table` after Snakemake removed ``path``."""
-    path, store = Path(path), Path(store)
-    with atomic_path(store / path.name) as tmp:
+def _link(src: Path, dst: Path) -> None:
+    """Put ``src`` at ``dst`` atomically: a hard link where the file system allows, else a
+    copy; nothing to do when ``dst`` already is ``src``."""
+    if dst.exists() and os.path.samefile(src, dst):
+        return
+    with atomic_path(dst) as tmp:
         tmp.unlink()
         try:
-            os.link(path, tmp)
+            os.link(src, tmp)
         except OSError:
-            shutil.copy2(path, tmp)
+            shutil.copy2(src, tmp)
+
+
+def keep_table(path: str | os.PathLike, store: str | os.PathLike) -> None:
+    """Keep the table at ``path`` under ``store`` (a hard link: no second copy on disk), so
+    that a job that reruns can restore it with :func:`restore_table` after Snakemake
+    removed ``path``."""
+    _link(Path(path), Path(store) / Path(path).name)
 
 
 def restore_table(path: str | os.PathLike, store: str | os.PathLike,
@@ -123,11 +130,6 @@ def restore_table(path: str | os.PathLike, store: str | os.PathLike,
     want = json.loads(json.dumps(match, sort_keys=True, default=str))
     if any(prov.get(k) != v for k, v in want.items()):
         return False
-    with atomic_path(path) as tmp:
-        tmp.unlink()
-        try:
-            os.link(kept, tmp)
-        except OSError:
-            shutil.copy2(kept, tmp)
+    _link(kept, path)
     os.utime(path)
     return True

@@ -3,40 +3,28 @@
 # one (data set, model, clip, init, attack) at every eps label, so that the start-up
 # (imports, CUDA context, task load) is paid once per job.  Figure 2 and Table 2 share
 # cells.  Each job gets only the config values its cells depend on, and keeps what it
-# trains in TRAINED_DIR: when a job reruns (more eps labels, a failure halfway, a new device
-# or models_per_call), it restores its finished cells and trains only the others.
+# trains in TRAINED_DIR: when a job reruns (more eps labels, a failure halfway, a new
+# models_per_call), it restores its finished cells and trains only the others.
 from dpaudit.experiments.jagielski import (
     AUDIT_KEYS,
     TASK_KEYS,
     TRAINED_DIR,
     cell_path,
     check_grid,
+    grid_cells,
     job_eps,
     train_spec,
 )
 
 FIGURES += ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
 JAG = config["jagielski"]
-# The one-run audits compare with many-model cells at their own eps labels.
-_ONERUN_EPS = config["onerun"]["eps"] if config["onerun"]["compare_many_model"] else []
-check_grid(JAG, _ONERUN_EPS)
-JOB_EPS = job_eps(JAG, _ONERUN_EPS)
-
-
-FIG2_CELLS = [
-    cell_path(d, a, JAG["fig2"]["clip"], JAG["fig2"]["init"], e, att)
-    for d in JAG["fig2"]["datasets"]
-    for a in JAG["fig2"]["archs"]
-    for e in JAG["fig2"]["eps"]
-    for att in JAG["fig2"]["attacks"]
-]
-T2 = JAG["table2"]
-TABLE2_CELLS = [
-    cell_path(T2["dataset"], T2["arch"], c, i, e, "clipbkd")
-    for c in T2["clips"]
-    for i in T2["inits"]
-    for e in T2["eps"]
-]
+# The one-run audits compare with many-model cells of their own init.
+_ONERUN = config["onerun"] if config["onerun"]["compare_many_model"] else None
+check_grid(JAG, _ONERUN)
+GRID = grid_cells(JAG, _ONERUN)
+JOB_EPS = job_eps(JAG)
+FIG2_CELLS = [cell_path(*cell) for cell in GRID["fig2"]]
+TABLE2_CELLS = [cell_path(*cell) for cell in GRID["table2"]]
 
 
 rule jagielski_task:

@@ -6,11 +6,7 @@ FIGURES.append("figures/onerun_dpsgd.pdf")
 ONERUN = config["onerun"]
 FMNIST = config["jagielski"]["datasets"]["fmnist"]
 # The many-model ClipBKD cells of the same set-up (shared with Figure 2 when it has them).
-ONERUN_CELLS = [
-    cell_path("fmnist", arch, JAG["fig2"]["clip"], ONERUN["init"], eps, "clipbkd")
-    for arch in ONERUN["archs"]
-    for eps in ONERUN["eps"]
-]
+ONERUN_CELLS = [cell_path(*cell) for cell in grid_cells(JAG, ONERUN)["onerun"]]
 
 
 rule onerun_audit:

@@ -90,12 +90,15 @@ def _train(args) -> None:
 
     from .. import dpsgd, features
     from ..experiments import jagielski
+    from .. import __version__
     from ..io import array_digest, keep_table, restore_table, write_table
 
     spec = validate_section(args.spec, "jagielski", schema_node=_train_schema())
     if len(args.eps) != len(args.out):
         raise SpecError(f"--eps has {len(args.eps)} labels and --out {len(args.out)} paths: "
                         "give one score table per label")
+    if len(set(args.out)) != len(args.out):
+        raise SpecError("--out: each score table must be a different path")
     unknown = [e for e in args.eps if e not in spec["noise"]]
     if unknown:
         raise SpecError(f"--eps {unknown}: not keys of the spec's noise "
@@ -116,7 +119,7 @@ def _train(args) -> None:
         inputs["init_sha256"] = array_digest({f"{name}{i}": t for name, ts in
                                               (("W", init.W), ("b", init.b))
                                               for i, t in enumerate(ts)})
-    device = resolve(args.device)
+    device = K = None  # chosen when a cell first needs training (a restore needs no GPU)
     for i, (eps, out) in enumerate(zip(args.eps, args.out), 1):
         noise = float(spec["noise"][eps])
         cfg = _dpsgd_config(spec, args.clip, noise, args.init, spec["sampling"])
@@ -124,7 +127,7 @@ def _train(args) -> None:
                 "init": args.init, "eps": eps, "noise": noise, "attack": args.attack,
                 "n": len(task.X), "steps": cfg.steps(len(task.X))}
         made_by = {"spec": {**spec, "noise": noise}, "seed": args.seed, "cell": cell,
-                   "inputs": inputs}
+                   "inputs": inputs, "dpaudit_version": __version__}
         where = f"cell {i}/{len(args.eps)} ({out.name})"
         if (args.keep_dir is not None and not args.save_models
                 and restore_table(out, args.keep_dir, made_by)):
@@ -132,6 +135,10 @@ def _train(args) -> None:
                 "with the same spec, seed, task and init (delete it there to retrain)")
             continue
         log(f"{where}: {cell}, {spec['trials']} trials per side")
+        if device is None:
+            device = resolve(args.device)
+            # one K for the job: the cells share the model and batch shapes
+            K = args.models_per_call or dpsgd.pick_k(model, len(task.X), device, cfg)
         kept: dict = {}
 
         def keep(side, seeds, params):  # the first --save-models models of each side
@@ -142,7 +149,7 @@ def _train(args) -> None:
 
         scores = jagielski.run_cell(task, args.attack, model, cfg, spec["ks"], spec["trials"],
                                     args.seed, (args.dataset, args.arch), init,
-                                    spec["clipbkd_d0"], args.models_per_call, device, log,
+                                    spec["clipbkd_d0"], K, device, log,
                                     keep if args.save_models else None)
         for side, parts in kept.items():
             params = dpsgd.Params([torch.cat(w) for w in zip(*(p.W for p in parts))],

@@ -175,8 +175,11 @@ def cifar_task(root=None, download: bool = False, tarball=None, cifar100_root=No
 
 
 def init_label(value) -> str:
-    """File-name form of a config init: ``fixed`` or ``g<s>`` (Glorot-normal weights times s)."""
-    return "fixed" if value == "fixed" else f"g{float(value):g}"
+    """File-name form of a config init: ``fixed`` or ``g<s>`` (Glorot-normal weights times s);
+    a label is returned as it is."""
+    if value == "fixed" or (isinstance(value, str) and value.startswith("g")):
+        return value
+    return f"g{float(value):g}"
 
 
 def cell_path(dataset: str, arch: str, clip, init, eps: str, attack: str) -> str:
@@ -191,63 +194,68 @@ def cell_path(dataset: str, arch: str, clip, init, eps: str, attack: str) -> str
 TRAINED_DIR = "results/jagielski/trained"
 
 
-def job_eps(jag: dict, onerun_eps=()) -> list[str]:
-    """The eps labels every training job trains: Figure 2's, then Table 2's and
-    ``onerun_eps`` (the one-run audits' many-model cells) others.  A job is one (data set,
-    model, clip, init, attack) at every label, so that one process trains several cells
-    (the per-job start-up is paid once per job, not per cell)."""
-    return list(dict.fromkeys([*jag["fig2"]["eps"], *jag["table2"]["eps"], *onerun_eps]))
+def job_eps(jag: dict) -> list[str]:
+    """The eps labels every training job trains: Figure 2's, then Table 2's others.  A job
+    is one (data set, model, clip, init, attack) at every label, so that one process trains
+    several cells (the per-job start-up is paid once per job, not per cell)."""
+    return list(dict.fromkeys([*jag["fig2"]["eps"], *jag["table2"]["eps"]]))
 
 
-def check_grid(jag: dict, onerun_eps=()) -> None:
-    """A ValueError naming the config key if an eps label the jobs train has no noise
-    multiplier in a trained data set's table."""
+def check_grid(jag: dict, onerun: dict | None = None) -> None:
+    """A ValueError naming the config key if a label of :func:`job_eps` has no noise
+    multiplier in a trained data set's table, or if the one-run audits (config section
+    ``onerun``, when they compare with many-model cells) want a label no job trains."""
     f2, t2 = jag["fig2"], jag["table2"]
-    lists = {"jagielski.fig2.eps": f2["eps"], "jagielski.table2.eps": t2["eps"],
-             "onerun.eps": onerun_eps}
     for dataset in dict.fromkeys([*f2["datasets"], t2["dataset"]]):
         noise = jag["datasets"][dataset]["noise"]
-        for key, labels in lists.items():
-            for label in labels:
-                if label not in noise:
-                    raise ValueError(
-                        f"config {key}: {label!r} is not a key of jagielski.datasets."
-                        f"{dataset}.noise (allowed: {sorted(noise)}); every training job "
-                        f"trains each label of {', '.join(lists)}")
+        for label in job_eps(jag):
+            if label not in noise:
+                key = "fig2.eps" if label in f2["eps"] else "table2.eps"
+                raise ValueError(
+                    f"config jagielski.{key}: {label!r} is not a key of jagielski.datasets."
+                    f"{dataset}.noise (allowed: {sorted(noise)}); every training job trains "
+                    f"each label of jagielski.fig2.eps and jagielski.table2.eps")
+    for label in (onerun or {}).get("eps", []):
+        if label not in job_eps(jag):
+            raise ValueError(
+                f"config onerun.eps: {label!r} is in neither jagielski.fig2.eps nor "
+                f"jagielski.table2.eps, whose labels the many-model cells the one-run "
+                f"figure compares with are trained at (add it there, or set "
+                f"onerun.compare_many_model: false)")
 
 
 def train_spec(jag: dict, dataset: str, labels) -> dict:
     """The ``jagielski-train --spec`` of a job: :data:`TRAIN_KEYS` from the ``jagielski``
-    config section and its data set's section, ``noise`` only for ``labels``, nothing else."""
+    config section and its data set's section, ``noise`` only for ``labels``, nothing else
+    (:func:`check_grid` has checked the labels)."""
     ds = jag["datasets"][dataset]
-    missing = [e for e in labels if e not in ds["noise"]]
-    if missing:
-        raise ValueError(f"eps labels {missing} are not keys of jagielski.datasets.{dataset}"
-                         f".noise (allowed: {sorted(ds['noise'])})")
     spec = {**jag, **ds, "noise": {e: ds["noise"][e] for e in labels}}
     return {k: spec[k] for k in TRAIN_KEYS}
 
 
-def grid_cells(jag: dict, onerun_eps=()) -> dict[str, list[tuple]]:
-    """The cells (dataset, arch, clip, init, eps label, attack) of Figure 2 and Table 2 in
-    the ``jagielski`` config section ``jag``; ``all``: every cell the training jobs train
-    (a cell in both grids once; each job at every label of :func:`job_eps`)."""
+def grid_cells(jag: dict, onerun: dict | None = None) -> dict[str, list[tuple]]:
+    """The cells (dataset, arch, clip, init label, eps label, attack) of Figure 2, Table 2
+    and, given the ``onerun`` config section, of the one-run figure's many-model
+    comparison (FMNIST ClipBKD at Figure 2's clip); ``all``: every cell the training jobs
+    train (each job at every label of :func:`job_eps`, a cell in several grids once)."""
     f2, t2 = jag["fig2"], jag["table2"]
     fig2 = [(d, a, float(f2["clip"]), init_label(f2["init"]), e, att) for d in f2["datasets"]
             for a in f2["archs"] for e in f2["eps"] for att in f2["attacks"]]
     table2 = [(t2["dataset"], t2["arch"], float(c), init_label(i), e, "clipbkd")
               for c in t2["clips"] for i in t2["inits"] for e in t2["eps"]]
-    jobs = sorted({(*c[:4], c[5]) for c in fig2 + table2})
-    trained = sorted((*job[:4], e, job[4]) for job in jobs for e in job_eps(jag, onerun_eps))
-    return {"fig2": fig2, "table2": table2, "all": trained}
+    one = [("fmnist", a, float(f2["clip"]), init_label(onerun["init"]), e, "clipbkd")
+           for a in onerun["archs"] for e in onerun["eps"]] if onerun else []
+    jobs = sorted({(*c[:4], c[5]) for c in fig2 + table2 + one})
+    trained = sorted((*job[:4], e, job[4]) for job in jobs for e in job_eps(jag))
+    return {"fig2": fig2, "table2": table2, "onerun": one, "all": trained}
 
 
-def grid_models(jag: dict, onerun_eps=()) -> dict[str, int]:
+def grid_models(jag: dict, onerun: dict | None = None) -> dict[str, int]:
     """Models each grid of :func:`grid_cells` trains: ``trials`` per side, sides = D0 and
     one D1 per k (MI: D0 and D1)."""
     per_cell = lambda cell: jag["trials"] * (2 if cell[5] == "mi" else 1 + len(jag["ks"]))  # noqa: E731
     return {name: sum(map(per_cell, cells))
-            for name, cells in grid_cells(jag, onerun_eps).items()}
+            for name, cells in grid_cells(jag, onerun).items() if name != "onerun"}
 
 
 def sides(task: Task, attack: str, ks, clipbkd_d0: str = "flipped"):
