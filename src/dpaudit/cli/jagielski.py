@@ -88,9 +88,8 @@ def _train(args) -> None:
     import pandas as pd
     import torch
 
-    from .. import dpsgd, features
+    from .. import __version__, dpsgd, features
     from ..experiments import jagielski
-    from .. import __version__
     from ..io import array_digest, keep_table, restore_table, write_table
 
     spec = validate_section(args.spec, "jagielski", schema_node=_train_schema())
@@ -132,7 +131,8 @@ def _train(args) -> None:
         if (args.keep_dir is not None and not args.save_models
                 and restore_table(out, args.keep_dir, made_by)):
             log(f"{where}: restored from {args.keep_dir}, where it was kept when trained "
-                "with the same spec, seed, task and init (delete it there to retrain)")
+                "with the same spec, seed, task, init and dpaudit version (delete it there "
+                "to retrain)")
             continue
         log(f"{where}: {cell}, {spec['trials']} trials per side")
         if device is None:
@@ -247,7 +247,8 @@ def register(subparsers) -> None:
     p.add_argument("--keep-dir", type=Path, default=None, metavar="DIR",
                    help="keep every trained table in DIR too, and restore a cell from DIR "
                         "instead of training it when DIR holds it from the same spec, seed, "
-                        "task and init (the workflow's reruns train only new cells)")
+                        "task, init and dpaudit version (the workflow's reruns train only "
+                        "new cells)")
     p.add_argument("--save-models", type=int, default=0, metavar="N",
                    help="also save the weights of the first N models of each side, beside "
                         "each OUT as OUT_models_<side>.pt (dpsgd.load_params reads them); "
