@@ -40,7 +40,7 @@ from torch import nn
 import yaml
 
 from dpaudit import dpsgd
-from dpaudit.experiments.jagielski import grid_cells, grid_models
+from dpaudit.experiments.jagielski import grid_cells, grid_models, train_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,7 +218,7 @@ def project(config: Path, device: str, models_s: float) -> None:
     for name, n in models.items():
         print(f"  {name:8s} {n:9d} models  {n / models_s / 3600:8.2f} h")
     cells = grid_cells(cfg["jagielski"], onerun)["all"]
-    jobs = len({(*c[:4], c[5]) for c in cells})
+    jobs = len(train_jobs(cfg["jagielski"], onerun))
     start = job_startup(device != "CPU")
     print(f"  start-up {jobs} jobs x {start:.1f} s = {jobs * start / 60:.1f} min "
           f"(one job per cell: {len(cells)} x {start:.1f} s = {len(cells) * start / 60:.1f} min)")

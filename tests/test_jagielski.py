@@ -347,6 +347,7 @@ def test_grid_jobs_train_every_eps_label_once_and_count_the_papers_models():
     cells = jagielski.grid_cells(jag, one)
     assert [len(cells[k]) for k in ("fig2", "table2", "onerun", "all")] == [72, 72, 12, 138]
     assert set(cells["onerun"]) <= set(cells["fig2"])
+    assert len(jagielski.train_jobs(jag, one)) == 23  # 4 x 3 Figure 2, 12 - 1 Table 2
     # sides: MI 2, backdoor and ClipBKD 1 + len(ks) = 5; 1000 trials each
     assert jagielski.grid_models(jag, one) == {"fig2": 6 * 4 * 12_000, "table2": 72 * 5_000,
                                                "all": 6 * 4 * 12_000 + 66 * 5_000}

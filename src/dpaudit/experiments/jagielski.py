@@ -206,9 +206,10 @@ def check_grid(jag: dict, onerun: dict | None = None) -> None:
     multiplier in a trained data set's table, or if the one-run audits (config section
     ``onerun``, when they compare with many-model cells) want a label no job trains."""
     f2, t2 = jag["fig2"], jag["table2"]
+    labels = job_eps(jag)
     for dataset in dict.fromkeys([*f2["datasets"], t2["dataset"]]):
         noise = jag["datasets"][dataset]["noise"]
-        for label in job_eps(jag):
+        for label in labels:
             if label not in noise:
                 key = "fig2.eps" if label in f2["eps"] else "table2.eps"
                 raise ValueError(
@@ -216,7 +217,7 @@ def check_grid(jag: dict, onerun: dict | None = None) -> None:
                     f"{dataset}.noise (allowed: {sorted(noise)}); every training job trains "
                     f"each label of jagielski.fig2.eps and jagielski.table2.eps")
     for label in (onerun or {}).get("eps", []):
-        if label not in job_eps(jag):
+        if label not in labels:
             raise ValueError(
                 f"config onerun.eps: {label!r} is in neither jagielski.fig2.eps nor "
                 f"jagielski.table2.eps, whose labels the many-model cells the one-run "
@@ -248,6 +249,11 @@ def grid_cells(jag: dict, onerun: dict | None = None) -> dict[str, list[tuple]]:
     jobs = sorted({(*c[:4], c[5]) for c in fig2 + table2 + one})
     trained = sorted((*job[:4], e, job[4]) for job in jobs for e in job_eps(jag))
     return {"fig2": fig2, "table2": table2, "onerun": one, "all": trained}
+
+
+def train_jobs(jag: dict, onerun: dict | None = None) -> list[tuple]:
+    """The training jobs (dataset, arch, clip, init label, attack) of :func:`grid_cells`."""
+    return sorted({(*c[:4], c[5]) for c in grid_cells(jag, onerun)["all"]})
 
 
 def grid_models(jag: dict, onerun: dict | None = None) -> dict[str, int]:
@@ -535,6 +541,6 @@ def table2_markdown(table: pd.DataFrame) -> str:
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS", "Task", "make_task", "sides", "model_seeds",
            "score_models", "run_cell", "audit_scores", "summarize_cell", "COLUMNS",
            "init_label", "init_name", "cell_path", "TRAINED_DIR", "job_eps", "check_grid",
-           "grid_cells", "grid_models", "train_spec", "TABLE2_NOTES",
+           "grid_cells", "train_jobs", "grid_models", "train_spec", "TABLE2_NOTES",
            "theoretical_eps", "PAPER_TABLE2", "paper_table2", "with_paper_table2",
            "table2_markdown"]
