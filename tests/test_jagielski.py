@@ -98,17 +98,75 @@ def test_scores_match_a_direct_torch_computation():
         assert got["mi_yeom"][k] == pytest.approx(want_yeom)
 
 
-def test_run_cell_shapes_and_independence_of_batching():
+def _group_cfgs():
+    base = dict(epochs=2, batch_size=10, lr=0.5)
+    return {"a": dpsgd.DPSGDConfig(clip=1.0, noise_multiplier=0.5, **base),
+            "b": dpsgd.DPSGDConfig(clip=2.0, noise_multiplier=0.0, init_scale=0.5, **base)}
+
+
+def test_run_group_cells_are_what_each_cell_trains_alone_in_any_blocks(tmp_path):
+    """A group's cells trained as columns of one wide step score as each cell trained on
+    its own (same seeds, same models, to float rounding), whatever the block size; a
+    store then gives every block back without training."""
+    task = _task(np.random.default_rng(3))
+    model = dpsgd.ModelSpec("fnn", 6, hidden=4)
+    cfgs = _group_cfgs()
+    kw = dict(ks=[1, 2], trials=6, seed=0, name=("toy", "fnn"), device="cpu")
+    both = jagielski.run_group(task, "clipbkd", model, cfgs, block=4, **kw)
+    for c, cfg in cfgs.items():
+        alone = jagielski.run_group(task, "clipbkd", model, {c: cfg}, block=6, **kw)[c]
+        assert len(alone) == 3 * 6 and sorted(alone.side.unique()) == ["k1", "k2", "out"]
+        assert list(alone.columns[:5]) == ["side", "label", "k", "trial", "seed"]
+        assert (alone.groupby("side").trial.apply(list) == [list(range(6))] * 3).all()
+        pd.testing.assert_frame_equal(both[c], alone, rtol=1e-5, atol=1e-6)
+    msgs = []
+    key = {"what": 1}
+    first = jagielski.run_group(task, "clipbkd", model, cfgs, block=4, store=tmp_path, key=key,
+                                log=msgs.append, **kw)
+    again = jagielski.run_group(task, "clipbkd", model, cfgs, block=4, store=tmp_path, key=key,
+                                log=msgs.append, **kw)
+    assert "0 models restored, 36 to train" in msgs[0] and "36 models restored, 0 to" in _summary(msgs)
+    for c in cfgs:
+        pd.testing.assert_frame_equal(first[c], again[c])
+        pd.testing.assert_frame_equal(first[c], both[c])
+    assert sorted(f.name for f in tmp_path.iterdir()) == [
+        f"{side}_{r}.csv" for side in ("k1", "k2", "out") for r in ("000000-000004",
+                                                                     "000004-000006")]
+
+
+def test_run_group_trains_only_missing_blocks_and_cells(tmp_path):
+    """A grown grid trains only its new cells; an interrupted job loses at most the block
+    it was in; another key (device, trainer, task) or cell key (noise) retrains."""
+    from dpaudit.io import read_table
+
     task = _task(np.random.default_rng(3))
     model = dpsgd.ModelSpec("lr", 6)
-    cfg = dpsgd.DPSGDConfig(epochs=2, batch_size=10, lr=0.5, clip=1.0, noise_multiplier=0.5)
-    kw = dict(ks=[1, 2], trials=6, seed=0, name=("toy", "lr"), device="cpu")
-    a = jagielski.run_cell(task, "clipbkd", model, cfg, models_per_call=4, **kw)
-    b = jagielski.run_cell(task, "clipbkd", model, cfg, models_per_call=6, **kw)
-    assert len(a) == 3 * 6 and sorted(a.side.unique()) == ["k1", "k2", "out"]
-    assert (a.groupby("side").trial.apply(sorted) == pd.Series([list(range(6))] * 3,
-                                                                index=["k1", "k2", "out"])).all()
-    pd.testing.assert_frame_equal(a, b)
+    cfgs = _group_cfgs()
+    kw = dict(ks=[1], trials=6, seed=0, name=("toy", "lr"), device="cpu", block=3,
+              store=tmp_path, key={"k": 1})
+    msgs = []
+    full = jagielski.run_group(task, "mi", model, cfgs, **kw)
+    jagielski.run_group(task, "mi", model, {"a": cfgs["a"]}, **kw, log=msgs.append)
+    assert "12 models restored, 0 to train" in _summary(msgs)  # 2 sides x 6 trials
+    # a lost block (an interruption) and a new cell: the block's 3 trials x 3 cells, and
+    # the new cell's 3 trials in each of the 3 other blocks
+    (tmp_path / "in_000003-000006.csv").unlink()
+    cfgs["c"] = dpsgd.DPSGDConfig(epochs=2, batch_size=10, lr=0.5, clip=0.5, noise_multiplier=2.0)
+    grown = jagielski.run_group(task, "mi", model, cfgs, **kw, log=msgs.append)
+    assert "18 models restored, 18 to train" in _summary(msgs)
+    for c in ("a", "b"):
+        pd.testing.assert_frame_equal(grown[c], full[c])
+    table, prov = read_table(tmp_path / "out_000000-000003.csv")
+    assert sorted(prov["cells"]) == ["a", "b", "c"] and len(table) == 9
+    jagielski.run_group(task, "mi", model, cfgs, **{**kw, "key": {"k": 2}}, log=msgs.append)
+    assert "0 models restored, 36 to train" in _summary(msgs)
+    jagielski.run_group(task, "mi", model, cfgs, **{**kw, "key": {"k": 2}}, log=msgs.append,
+                        cell_keys={"a": {"noise": 9}, "b": {}, "c": {}})
+    assert "24 models restored, 12 to train" in _summary(msgs)
+
+
+def _summary(msgs):
+    return [m for m in msgs if "restored" in m][-1]
 
 
 def _cell(pos_by_k, neg):
@@ -229,15 +287,15 @@ def test_theoretical_eps_reproduces_the_papers_calibration():
     assert jagielski.theoretical_eps(0.0, 10_000, cfg, 1e-5)["eps_th"] == math.inf
 
 
-def _train_cli(tmp_path, spec, eps, outs, *extra, attack="clipbkd", arch="fnn"):
+def _train_cli(tmp_path, spec, cells, *extra, attack="clipbkd", arch="fnn"):
     import json
 
     from dpaudit.cli import main
 
     return main(["jagielski-train", "--task", str(tmp_path / "task.npz"), "--dataset", "fmnist",
-                 "--arch", arch, "--attack", attack, "--clip", "1", "--init", "g2",
-                 "--eps", *eps, "--spec", json.dumps(spec), "--seed", "5",
-                 "--out", *map(str, outs), "--device", "cpu", *extra])
+                 "--arch", arch, "--attack", attack, "--cells", json.dumps(cells),
+                 "--spec", json.dumps(spec), "--seed", "5", "--out-dir", str(tmp_path / "out"),
+                 "--device", "cpu", *extra])
 
 
 TRAIN_SPEC = {"trials": 4, "ks": [1, 2], "sampling": "shuffle", "clipbkd_d0": "flipped",
@@ -251,70 +309,89 @@ def test_cli_train_scores_table_and_saved_models_reproduce_the_scores(tmp_path):
 
     task = _task(np.random.default_rng(7))
     features.save_features(tmp_path / "task.npz", task.arrays(), {"dataset": "toy"})
-    out = tmp_path / "cell.csv"
-    assert _train_cli(tmp_path, TRAIN_SPEC, ["4"], [out], "--save-models", "2") == 0
+    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2", "4"]], "--save-models", "2") == 0
+    out = tmp_path / "out" / "c1_g2_e4.csv"
     scores, prov = read_table(out)
     assert prov["seed"] == 5 and prov["cell"]["noise"] == 0.7 and prov["dpsgd"]["init_scale"] == 2
     assert prov["spec"]["noise"] == 0.7 and prov["cell"]["eps"] == "4"
+    # the device actually used, the torch version and the trainer's code are recorded
+    assert prov["trainer"]["device"] == "cpu" and prov["trainer"]["torch"] == torch.__version__
+    assert prov["trainer"]["digest"] == jagielski.trainer_digest()
     assert len(scores) == 3 * 4
-    params, model = dpsgd.load_params(out.with_name("cell_models_k2.pt"))
+    params, model = dpsgd.load_params(out.with_name("c1_g2_e4_models_k2.pt"))
     assert params.K == 2 and model.hidden == 5
     again = jagielski.score_models(params, model, task)["clipbkd"]
     want = scores[scores.side == "k2"].sort_values("trial").clipbkd.to_numpy()[:2]
     np.testing.assert_allclose(again, want, rtol=1e-6)
     bad = {k: v for k, v in TRAIN_SPEC.items() if k != "noise"}
-    assert _train_cli(tmp_path, bad, ["4"], [out], attack="mi", arch="lr") == 2
-    assert _train_cli(tmp_path, TRAIN_SPEC, ["8"], [out]) == 2  # no noise for label 8
-    assert _train_cli(tmp_path, TRAIN_SPEC, ["4", "inf"], [out]) == 2  # one path per label
+    assert _train_cli(tmp_path, bad, [[1, "g2", "4"]], attack="mi", arch="lr") == 2
+    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2", "8"]]) == 2  # no noise for label 8
+    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2", "4"]] * 2) == 2  # a cell twice
+    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2"]]) == 2
+    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "fixed", "4"]]) == 2  # no --init-file
 
 
-def test_cli_train_several_eps_keeps_cells_and_retrains_only_what_changed(tmp_path, capsys):
-    """One job, two eps labels: each cell is what a one-cell job writes; a rerun with a new
-    label restores the kept cells (same bytes) and trains only the new one; a changed spec
-    or task trains again."""
+def test_cli_train_keeps_blocks_and_retrains_only_what_changed(tmp_path, capsys):
+    """One job, two cells: each cell is what a one-cell job writes; a rerun with a new
+    cell reuses the kept blocks (same bytes) and trains only the new cell; another task,
+    trainer digest or device retrains."""
     from dpaudit import features
     from dpaudit.io import read_table
 
     task = _task(np.random.default_rng(7))
     features.save_features(tmp_path / "task.npz", task.arrays(), {"dataset": "toy"})
-    keep = tmp_path / "trained"
-    a, b = tmp_path / "e4.csv", tmp_path / "einf.csv"
-    assert _train_cli(tmp_path, TRAIN_SPEC, ["4", "inf"], [a, b], "--keep-dir", str(keep)) == 0
-    alone = tmp_path / "alone.csv"
-    assert _train_cli(tmp_path, TRAIN_SPEC, ["inf"], [alone]) == 0
-    pd.testing.assert_frame_equal(read_table(b)[0], read_table(alone)[0])
-    assert read_table(b)[1]["cell"]["noise"] == 0.0 and read_table(a)[1]["cell"]["noise"] == 0.7
+    store = ["--store", str(tmp_path / "trained"), "--block-trials", "3"]
+    out = tmp_path / "out"
+    cells = [[1, "g2", "4"], [1, "g2", "inf"]]
+    assert _train_cli(tmp_path, TRAIN_SPEC, cells, *store) == 0
+    a, b = out / "c1_g2_e4.csv", out / "c1_g2_einf.csv"
+    before = {p.name: p.read_bytes() for p in (a, b)}
+    alone = read_table(b)[0]
+    assert _train_cli(tmp_path, TRAIN_SPEC, cells[1:]) == 0
+    pd.testing.assert_frame_equal(read_table(b)[0], alone, rtol=1e-5)
     capsys.readouterr()
 
     # Snakemake removes a job's outputs before it reruns it
-    before = {p.name: p.read_bytes() for p in (a, b)}
-    a.unlink(), b.unlink()
+    import shutil
+
+    shutil.rmtree(out)
     spec = {**TRAIN_SPEC, "noise": {**TRAIN_SPEC["noise"], "1": 3.0}}
-    c = tmp_path / "e1.csv"
-    assert _train_cli(tmp_path, spec, ["1", "4", "inf"], [c, a, b], "--keep-dir", str(keep)) == 0
+    assert _train_cli(tmp_path, spec, [[1, "g2", "1"], *cells], *store) == 0
     err = capsys.readouterr().err
-    assert err.count("restored from") == 2 and "cell 1/3 (e1.csv): {" in err
+    assert "24 models restored, 12 to train" in err
     assert {p.name: p.read_bytes() for p in (a, b)} == before
-    assert read_table(c)[1]["cell"]["noise"] == 3.0 and (keep / "e1.csv").exists()
+    assert read_table(out / "c1_g2_e1.csv")[1]["cell"]["noise"] == 3.0
 
-    # Another models_per_call: speed only, so restored; the same path twice: refused
-    a.unlink(), b.unlink()
-    assert _train_cli(tmp_path, TRAIN_SPEC, ["4", "inf"], [a, b], "--keep-dir", str(keep),
-                      "--models-per-call", "3") == 0
-    assert capsys.readouterr().err.count("restored from") == 2
-    assert _train_cli(tmp_path, TRAIN_SPEC, ["4", "inf"], [a, a]) == 2
-
-    # More trials, then a different task: every cell trains again
-    a.unlink(), b.unlink()
-    assert _train_cli(tmp_path, {**TRAIN_SPEC, "trials": 5}, ["4", "inf"], [a, b],
-                      "--keep-dir", str(keep)) == 0
-    assert "restored" not in capsys.readouterr().err and read_table(a)[0].trial.max() == 4
+    # More trials: the full block [0, 3) is reused, the last one (now [3, 5)) trains;
+    # another task: everything again
+    assert _train_cli(tmp_path, {**TRAIN_SPEC, "trials": 5}, cells, *store) == 0
+    assert "18 models restored, 12 to train" in capsys.readouterr().err
+    assert read_table(a)[0].trial.max() == 4
     other = _task(np.random.default_rng(8))
     features.save_features(tmp_path / "task.npz", other.arrays(), {"dataset": "toy"})
-    a.unlink()
-    assert _train_cli(tmp_path, {**TRAIN_SPEC, "trials": 5}, ["4"], [a],
-                      "--keep-dir", str(keep)) == 0
-    assert "restored" not in capsys.readouterr().err
+    assert _train_cli(tmp_path, TRAIN_SPEC, cells, *store) == 0
+    assert "0 models restored, 24 to train" in capsys.readouterr().err
+
+
+def test_cli_train_restores_only_on_the_same_device_and_trainer(tmp_path, capsys, monkeypatch):
+    """CUDA random streams differ between the CPU and GPU models: a block kept from another
+    device kind, GPU model or torch version, or from other trainer code, trains again."""
+    from dpaudit import device, features
+
+    task = _task(np.random.default_rng(7))
+    features.save_features(tmp_path / "task.npz", task.arrays(), {"dataset": "toy"})
+    store = ["--store", str(tmp_path / "trained")]
+    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2", "4"]], *store) == 0
+    real = device.describe
+    monkeypatch.setattr(device, "describe", lambda d=None: {**real(d), "gpu_name": "other"})
+    capsys.readouterr()
+    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2", "4"]], *store) == 0
+    assert "0 models restored, 12 to train" in capsys.readouterr().err
+    monkeypatch.setattr(jagielski, "trainer_digest", lambda: "edited")
+    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2", "4"]], *store) == 0
+    assert "0 models restored, 12 to train" in capsys.readouterr().err
+    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2", "4"]], *store) == 0
+    assert "12 models restored, 0 to train" in capsys.readouterr().err
 
 
 def test_cli_missing_cifar_is_one_clear_message(tmp_path, capsys):
@@ -332,11 +409,10 @@ def test_cli_missing_cifar_is_one_clear_message(tmp_path, capsys):
     assert str(tmp_path / "nothing") in err and not (tmp_path / "task.npz").exists()
 
 
-def test_grid_jobs_train_every_eps_label_once_and_count_the_papers_models():
+def test_grid_groups_and_the_papers_models():
     """The paper's grids: 72 Figure 2 cells (2 data sets x 2 models x 6 eps x 3 attacks),
     72 Table 2 cells (3 clips x 4 inits x 6 eps), 6 in both, and the one-run comparison's
-    12, all Figure 2's; a job trains one set-up and attack at every label of Figure 2 and
-    Table 2."""
+    12, all Figure 2's; one group (a training job) per data set, model and attack."""
     import copy
     from pathlib import Path
 
@@ -347,21 +423,26 @@ def test_grid_jobs_train_every_eps_label_once_and_count_the_papers_models():
     cells = jagielski.grid_cells(jag, one)
     assert [len(cells[k]) for k in ("fig2", "table2", "onerun", "all")] == [72, 72, 12, 138]
     assert set(cells["onerun"]) <= set(cells["fig2"])
-    assert len(jagielski.train_jobs(jag, one)) == 23  # 4 x 3 Figure 2, 12 - 1 Table 2
+    groups = jagielski.groups(cells["all"])
+    assert len(groups) == 12 and len(groups[("fmnist", "fnn", "clipbkd")]) == 72
+    assert len(groups[("cifar", "lr", "mi")]) == 6
+    assert groups[("cifar", "lr", "mi")][0] == (1.0, "g1", "1")
+    assert groups[("cifar", "lr", "mi")][-1] == (1.0, "g1", "inf")
     # sides: MI 2, backdoor and ClipBKD 1 + len(ks) = 5; 1000 trials each
     assert jagielski.grid_models(jag, one) == {"fig2": 6 * 4 * 12_000, "table2": 72 * 5_000,
                                                "all": 6 * 4 * 12_000 + 66 * 5_000}
+    assert jagielski.cell_path("fmnist", "fnn", 0.5, 2.0, "8", "clipbkd") == \
+        "results/jagielski/scores/fmnist_fnn_clipbkd/c0.5_g2_e8.csv"
     small = copy.deepcopy(jag)
     small["fig2"]["eps"], small["table2"]["eps"] = ["4"], ["8", "4"]
-    assert jagielski.job_eps(small) == ["4", "8"]
-    # at the fixed init the one-run lr cells are a job of their own (fnn: Table 2's)
+    # at the fixed init the one-run lr cells join the lr ClipBKD group
     fixed = {**one, "eps": ["8"], "init": "fixed"}
     trained = jagielski.grid_cells(small, fixed)["all"]
-    assert len(trained) == (12 + 12 - 1 + 1) * 2 and len(set(trained)) == len(trained)
-    assert ("fmnist", "lr", 1.0, "fixed", "4", "clipbkd") in trained
+    assert len(trained) == 12 + 3 * 4 * 2 - 1 + 1 and len(set(trained)) == len(trained)
+    assert ("fmnist", "lr", 1.0, "fixed", "8", "clipbkd") in trained
     jagielski.check_grid(small, fixed)
-    with pytest.raises(ValueError, match=r"onerun\.eps: 'inf' is in neither"):
-        jagielski.check_grid(small, {**fixed, "eps": ["inf"]})
-    del small["datasets"]["cifar"]["noise"]["8"]
-    with pytest.raises(ValueError, match=r"jagielski\.table2\.eps: '8' .*datasets\.cifar"):
+    with pytest.raises(ValueError, match=r"onerun\.eps: '3' is not a key"):
+        jagielski.check_grid(small, {**fixed, "eps": ["3"]})
+    del small["datasets"]["fmnist"]["noise"]["8"]
+    with pytest.raises(ValueError, match=r"jagielski\.table2\.eps: '8' .*datasets\.fmnist"):
         jagielski.check_grid(small)

@@ -51,6 +51,20 @@ def resolve(device: str | torch.device | None = None) -> torch.device:
     return dev
 
 
+def describe(device: str | torch.device | None = None) -> dict:
+    """What a result records of the device it was computed on: its name (``cpu``,
+    ``cuda:0``), the GPU's model and multiprocessor count (torch's random kernels draw
+    other numbers on other GPU models), and the torch and CUDA versions."""
+    dev = resolve(device)
+    out = {"device": str(dev), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "gpu_name": None, "sm_count": None}
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        out.update(device=f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}",
+                   gpu_name=props.name, sm_count=props.multi_processor_count)
+    return out
+
+
 def claim_first(names: Sequence[str], lock_dir: Path) -> tuple[str, IO | None]:
     """The first of ``names`` (GPUs) that no other process holds, claimed by an exclusive
     lock on ``lock_dir/<name>.lock`` that lasts while the returned file is open (the
@@ -74,4 +88,4 @@ def claim_first(names: Sequence[str], lock_dir: Path) -> tuple[str, IO | None]:
     return names[0], None
 
 
-__all__ = ["DEVICES", "LOCK_DIR", "resolve", "claim_first"]
+__all__ = ["DEVICES", "LOCK_DIR", "resolve", "describe", "claim_first"]

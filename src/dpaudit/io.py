@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,43 +92,3 @@ def array_digest(arrays: dict[str, Any]) -> str:
         h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
         h.update(memoryview(a.tobytes()))
     return h.hexdigest()
-
-
-def _link(src: Path, dst: Path) -> None:
-    """Put ``src`` at ``dst`` atomically: a hard link where the file system allows, else a
-    copy; nothing to do when ``dst`` already is ``src``."""
-    if dst.exists() and os.path.samefile(src, dst):
-        return
-    with atomic_path(dst) as tmp:
-        tmp.unlink()
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copy2(src, tmp)
-
-
-def keep_table(path: str | os.PathLike, store: str | os.PathLike) -> None:
-    """Keep the table at ``path`` under ``store`` (a hard link: no second copy on disk), so
-    that a job that reruns can restore it with :func:`restore_table` after Snakemake
-    removed ``path``."""
-    _link(Path(path), Path(store) / Path(path).name)
-
-
-def restore_table(path: str | os.PathLike, store: str | os.PathLike,
-                  match: dict[str, Any]) -> bool:
-    """Put back at ``path`` the table :func:`keep_table` kept under ``store`` if its
-    provenance has every item of ``match`` (compared as JSON); return whether it did.
-
-    The restored file is touched, so that Snakemake does not take it as older than the
-    inputs of the job that restored it."""
-    path, kept = Path(path), Path(store) / Path(path).name
-    try:
-        prov = read_provenance(kept)
-    except (OSError, ValueError):
-        return False
-    want = json.loads(json.dumps(match, sort_keys=True, default=str))
-    if any(prov.get(k) != v for k, v in want.items()):
-        return False
-    _link(kept, path)
-    os.utime(path)
-    return True

@@ -1,10 +1,10 @@
 # Jagielski et al. 2020: DP-SGD audits on FMNIST and CIFAR-10.  A cell is (data set,
-# model, clip, init, eps, attack) and has its own score table; one job trains the cells of
-# one (data set, model, clip, init, attack) at every eps label, so that the start-up
-# (imports, CUDA context, task load) is paid once per job.  Figure 2 and Table 2 share
-# cells.  Each job gets only the config values its cells depend on, and keeps what it
-# trains in TRAINED_DIR: when a job reruns (more eps labels, a failure halfway, a new
-# models_per_call), it restores its finished cells and trains only the others.
+# model, clip, init, eps, attack) and has its own score table.  One job trains every cell
+# of one data set, model and attack (a group): a trial's seed fixes its batches and noise
+# in all of them, so they train as the columns of one wide step.  Figure 2, Table 2 and
+# the one-run comparison share cells.  Each job gets only the config values its cells
+# depend on, and keeps each finished block of trials in TRAINED_DIR: when a job reruns
+# (new cells, an interruption), it reuses what is kept and trains only the rest.
 from dpaudit.experiments.jagielski import (
     AUDIT_KEYS,
     TASK_KEYS,
@@ -12,7 +12,8 @@ from dpaudit.experiments.jagielski import (
     cell_path,
     check_grid,
     grid_cells,
-    job_eps,
+    group_dir,
+    groups,
     train_spec,
 )
 
@@ -22,9 +23,14 @@ JAG = config["jagielski"]
 _ONERUN = config["onerun"] if config["onerun"]["compare_many_model"] else None
 check_grid(JAG, _ONERUN)
 GRID = grid_cells(JAG, _ONERUN)
-JOB_EPS = job_eps(JAG)
+GROUPS = {"_".join(g): cells for g, cells in groups(GRID["all"]).items()}
 FIG2_CELLS = [cell_path(*cell) for cell in GRID["fig2"]]
 TABLE2_CELLS = [cell_path(*cell) for cell in GRID["table2"]]
+
+
+def cell_groups(cells):
+    """The group folders (outputs of jagielski_train) that hold `cells`."""
+    return sorted({group_dir(c[0], c[1], c[5]) for c in cells})
 
 
 rule jagielski_task:
@@ -77,41 +83,43 @@ rule jagielski_train:
     input:
         task="results/jagielski/task_{dataset}.npz",
         init=lambda wc: (
-            [f"results/jagielski/init_{wc.dataset}_{wc.arch}.pt"] if wc.init == "fixed" else []
+            [f"results/jagielski/init_{wc.dataset}_{wc.arch}.pt"]
+            if any(c[1] == "fixed" for c in GROUPS[f"{wc.dataset}_{wc.arch}_{wc.attack}"])
+            else []
         ),
     output:
-        [
-            f"results/jagielski/scores/{{dataset}}_{{arch}}_c{{clip}}_{{init}}_e{eps}_{{attack}}.csv"
-            for eps in JOB_EPS
-        ],
+        directory("results/jagielski/scores/{dataset}_{arch}_{attack}"),
     wildcard_constraints:
         dataset="fmnist|cifar",
         arch="lr|fnn",
-        clip="[0-9.e+-]+",
-        init="fixed|g[0-9.e+-]+",
         attack="mi|backdoor|clipbkd",
     params:
-        spec=lambda wc: quoted_json(train_spec(JAG, wc.dataset, JOB_EPS)),
-        eps=" ".join(JOB_EPS),
-        keep=TRAINED_DIR,
+        cells=lambda wc: quoted_json(GROUPS[f"{wc.dataset}_{wc.arch}_{wc.attack}"]),
+        spec=lambda wc: quoted_json(
+            train_spec(
+                JAG,
+                wc.dataset,
+                sorted({c[2] for c in GROUPS[f"{wc.dataset}_{wc.arch}_{wc.attack}"]}),
+            )
+        ),
+        store=lambda wc: f"{TRAINED_DIR}/{wc.dataset}_{wc.arch}_{wc.attack}",
         seed=config["seed"],
         device=JAG["device"],
-        models_per_call=JAG["models_per_call"],
-        init_file=lambda wc, input: f"--init-file {input.init}" if wc.init == "fixed" else "",
+        block=JAG["block_trials"],
+        init_file=lambda wc, input: f"--init-file {input.init}" if input.init else "",
     threads: 2
     resources:
         gpu=GPU_PER_JOB,
     log:
-        "logs/jagielski_train/{dataset}_{arch}_c{clip}_{init}_{attack}.log",
+        "logs/jagielski_train/{dataset}_{arch}_{attack}.log",
     conda:
         ENV
     shell:
         "dpaudit jagielski-train --task {input.task} --dataset {wildcards.dataset}"
-        " --arch {wildcards.arch} --attack {wildcards.attack} --clip {wildcards.clip}"
-        " --init {wildcards.init} --eps {params.eps} {params.init_file}"
-        " --device {params.device} --models-per-call {params.models_per_call}"
-        " --keep-dir {params.keep} --spec {params.spec} --seed {params.seed}"
-        " --out {output} 2> {log}"
+        " --arch {wildcards.arch} --attack {wildcards.attack} --cells {params.cells}"
+        " {params.init_file} --device {params.device} --block-trials {params.block}"
+        " --store {params.store} --spec {params.spec} --seed {params.seed}"
+        " --out-dir {output} 2> {log}"
 
 
 AUDIT_SPEC = quoted_json({k: JAG[k] for k in AUDIT_KEYS})
@@ -119,10 +127,11 @@ AUDIT_SPEC = quoted_json({k: JAG[k] for k in AUDIT_KEYS})
 
 rule jagielski_fig2_table:
     input:
-        FIG2_CELLS,
+        cell_groups(GRID["fig2"]),
     output:
         "results/jagielski_fig2.csv",
     params:
+        scores=FIG2_CELLS,
         spec=AUDIT_SPEC,
         seed=config["seed"],
     log:
@@ -130,17 +139,18 @@ rule jagielski_fig2_table:
     conda:
         ENV
     shell:
-        "dpaudit jagielski-audit --experiment fig2 --scores {input} --spec {params.spec}"
+        "dpaudit jagielski-audit --experiment fig2 --scores {params.scores} --spec {params.spec}"
         " --seed {params.seed} --out {output} 2> {log}"
 
 
 rule jagielski_table2_table:
     input:
-        TABLE2_CELLS,
+        cell_groups(GRID["table2"]),
     output:
         csv="results/jagielski_table2.csv",
         md="results/jagielski_table2.md",
     params:
+        scores=TABLE2_CELLS,
         spec=AUDIT_SPEC,
         seed=config["seed"],
     log:
@@ -148,7 +158,7 @@ rule jagielski_table2_table:
     conda:
         ENV
     shell:
-        "dpaudit jagielski-audit --experiment table2 --scores {input} --spec {params.spec}"
+        "dpaudit jagielski-audit --experiment table2 --scores {params.scores} --spec {params.spec}"
         " --seed {params.seed} --out {output.csv} --md {output.md} 2> {log}"
 
 

@@ -6,7 +6,8 @@ FIGURES.append("figures/onerun_dpsgd.pdf")
 ONERUN = config["onerun"]
 FMNIST = config["jagielski"]["datasets"]["fmnist"]
 # The many-model ClipBKD cells of the same set-up (shared with Figure 2 when it has them).
-ONERUN_CELLS = [cell_path(*cell) for cell in grid_cells(JAG, ONERUN)["onerun"]]
+ONERUN_GRID = grid_cells(JAG, ONERUN)["onerun"]
+ONERUN_CELLS = [cell_path(*cell) for cell in ONERUN_GRID]
 
 
 rule onerun_audit:
@@ -41,10 +42,11 @@ rule onerun_audit:
 
 rule onerun_many_model:
     input:
-        ONERUN_CELLS,
+        cell_groups(ONERUN_GRID),
     output:
         "results/onerun_many_model.csv",
     params:
+        scores=ONERUN_CELLS,
         spec=AUDIT_SPEC,
         seed=config["seed"],
     log:
@@ -52,7 +54,7 @@ rule onerun_many_model:
     conda:
         ENV
     shell:
-        "dpaudit jagielski-audit --experiment fig2 --scores {input} --spec {params.spec}"
+        "dpaudit jagielski-audit --experiment fig2 --scores {params.scores} --spec {params.spec}"
         " --seed {params.seed} --out {output} 2> {log}"
 
 

@@ -84,85 +84,106 @@ def _init(args) -> None:
     dpsgd.save_params(args.out, dpsgd.init_params(model, 1, [args.seed], device="cpu"), model)
 
 
+def _cells(value: str) -> list[tuple[float, str, str]]:
+    """``--cells``: a JSON list of [clip, init label, eps label]."""
+    import json
+
+    try:
+        cells = json.loads(value)
+        out = [(float(c), str(i), str(e)) for c, i, e in cells]
+    except (ValueError, TypeError) as err:
+        raise SpecError(f"--cells {value!r}: must be a JSON list of [clip, init, eps] "
+                        f"(e.g. [[1.0, \"g1\", \"8\"]]): {err}") from None
+    if not out or len(set(out)) != len(out):
+        raise SpecError("--cells: give at least one cell, each once")
+    return out
+
+
 def _train(args) -> None:
     import pandas as pd
     import torch
 
-    from .. import __version__, dpsgd, features
+    from .. import dpsgd, features
+    from ..device import describe
     from ..experiments import jagielski
-    from ..io import array_digest, keep_table, restore_table, write_table
+    from ..io import array_digest, write_table
 
     spec = validate_section(args.spec, "jagielski", schema_node=_train_schema())
-    if len(args.eps) != len(args.out):
-        raise SpecError(f"--eps has {len(args.eps)} labels and --out {len(args.out)} paths: "
-                        "give one score table per label")
-    if len(set(args.out)) != len(args.out):
-        raise SpecError("--out: each score table must be a different path")
-    unknown = [e for e in args.eps if e not in spec["noise"]]
+    cells = _cells(args.cells)
+    unknown = sorted({e for _, _, e in cells if e not in spec["noise"]})
     if unknown:
-        raise SpecError(f"--eps {unknown}: not keys of the spec's noise "
+        raise SpecError(f"--cells: eps labels {unknown} are not keys of the spec's noise "
                         f"(allowed: {sorted(spec['noise'])})")
+    if args.block_trials < 1:
+        raise SpecError(f"--block-trials={args.block_trials}: must be >= 1")
     log = _say("jagielski-train")
     arrays, task_prov = features.load_features(args.task)
     task = jagielski.Task.from_arrays(arrays)
     model = dpsgd.ModelSpec(args.arch, task.X.shape[1], spec["hidden"])
-    # What, beside the spec, seed and cell, a kept table must have been trained on.
-    inputs = {"task_sha256": array_digest(arrays)}
-    init = None
-    if args.init == "fixed":
+    init = init_sha = None
+    if any(i == "fixed" for _, i, _ in cells):
         if args.init_file is None:
             raise SpecError("init 'fixed' needs --init-file (from jagielski-init)")
         init, saved = dpsgd.load_params(args.init_file)
         if saved != model:
             raise SpecError(f"{args.init_file} holds {saved}, not {model}")
-        inputs["init_sha256"] = array_digest({f"{name}{i}": t for name, ts in
-                                              (("W", init.W), ("b", init.b))
-                                              for i, t in enumerate(ts)})
-    device = K = None  # chosen when a cell first needs training (a restore needs no GPU)
-    for i, (eps, out) in enumerate(zip(args.eps, args.out), 1):
+        init_sha = array_digest({f"{name}{i}": t for name, ts in (("W", init.W), ("b", init.b))
+                                 for i, t in enumerate(ts)})
+    device = resolve(args.device)
+    where = describe(device)
+    # What every cell of a kept block shares; a block trained elsewhere (another device
+    # kind or GPU model, torch version, trainer code) is trained again, so that a seed
+    # gives the same model in every cell of a result.
+    shared = {k: spec[k] for k in TRAIN_KEYS if k not in ("trials", "ks", "noise")}
+    key = {"group": [args.dataset, args.arch, args.attack], "spec": shared, "seed": args.seed,
+           "task_sha256": array_digest(arrays), "trainer": jagielski.trainer_digest(),
+           "device": {k: v for k, v in where.items() if k != "device"}}
+    cfgs, cell_keys, info = {}, {}, {}
+    for clip, init_label, eps in cells:
         noise = float(spec["noise"][eps])
-        cfg = _dpsgd_config(spec, args.clip, noise, args.init, spec["sampling"])
-        cell = {"dataset": args.dataset, "arch": args.arch, "clip": args.clip,
-                "init": args.init, "eps": eps, "noise": noise, "attack": args.attack,
-                "n": len(task.X), "steps": cfg.steps(len(task.X))}
-        made_by = {"spec": {**spec, "noise": noise}, "seed": args.seed, "cell": cell,
-                   "inputs": inputs, "dpaudit_version": __version__}
-        where = f"cell {i}/{len(args.eps)} ({out.name})"
-        if (args.keep_dir is not None and not args.save_models
-                and restore_table(out, args.keep_dir, made_by)):
-            log(f"{where}: restored from {args.keep_dir}, where it was kept when trained "
-                "with the same spec, seed, task, init and dpaudit version (delete it there "
-                "to retrain)")
-            continue
-        log(f"{where}: {cell}, {spec['trials']} trials per side")
-        if device is None:
-            device = resolve(args.device)
-            # one K for the job: the cells share the model and batch shapes
-            K = args.models_per_call or dpsgd.pick_k(model, len(task.X), device, cfg)
-        kept: dict = {}
+        cid = jagielski.cell_file(clip, init_label, eps)[:-4]
+        cfgs[cid] = _dpsgd_config(spec, clip, noise, init_label, spec["sampling"])
+        cell_keys[cid] = {"noise": noise, **({"init_sha256": init_sha}
+                                              if init_label == "fixed" else {})}
+        info[cid] = {"dataset": args.dataset, "arch": args.arch, "clip": clip,
+                     "init": init_label, "eps": eps, "noise": noise, "attack": args.attack,
+                     "n": len(task.X), "steps": cfgs[cid].steps(len(task.X))}
+    log(f"{args.dataset}/{args.arch}/{args.attack}: {len(cells)} cells, {spec['trials']} "
+        f"trials per side, blocks of {args.block_trials}, on {where['device']}"
+        + (f" ({where['gpu_name']})" if where.get("gpu_name") else ""))
+    kept_models: dict = {}
 
-        def keep(side, seeds, params):  # the first --save-models models of each side
-            have = kept.setdefault(side, [])
+    def keep(side, start, trained):  # the first --save-models models of each side and cell
+        for cid, params in trained.items():
+            have = kept_models.setdefault((cid, side), [])
             take = min(args.save_models - sum(p.K for p in have), params.K)
             if take > 0:
                 have.append(params.select(list(range(take))).to("cpu"))
 
-        scores = jagielski.run_cell(task, args.attack, model, cfg, spec["ks"], spec["trials"],
-                                    args.seed, (args.dataset, args.arch), init,
-                                    spec["clipbkd_d0"], K, device, log,
-                                    keep if args.save_models else None)
-        for side, parts in kept.items():
-            params = dpsgd.Params([torch.cat(w) for w in zip(*(p.W for p in parts))],
-                                  [torch.cat(b) for b in zip(*(p.b for p in parts))])
-            path = out.with_name(f"{out.stem}_models_{side}.pt")
-            dpsgd.save_params(path, params, model)
-            log(f"saved the first {params.K} models of side {side} (trials 0..) to {path}")
-        scores = pd.concat([pd.DataFrame({k: [v] * len(scores) for k, v in cell.items()}),
-                            scores], axis=1)
-        write_table(scores, out, {"command": "jagielski-train", **made_by,
-                                  "device": args.device, "dpsgd": vars(cfg), "task": task_prov})
-        if args.keep_dir is not None:
-            keep_table(out, args.keep_dir)
+    save = args.save_models > 0
+    scores = jagielski.run_group(
+        task, args.attack, model, cfgs, spec["ks"], spec["trials"], args.seed,
+        (args.dataset, args.arch), init, spec["clipbkd_d0"], args.block_trials, device, log,
+        None if save else args.store, key, cell_keys, keep if save else None)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for cid, table in scores.items():
+        out = args.out_dir / f"{cid}.csv"
+        for (kc, side), parts in kept_models.items():
+            if kc == cid:
+                params = dpsgd.Params([torch.cat(w) for w in zip(*(p.W for p in parts))],
+                                      [torch.cat(b) for b in zip(*(p.b for p in parts))])
+                path = out.with_name(f"{out.stem}_models_{side}.pt")
+                dpsgd.save_params(path, params, model)
+                log(f"saved the first {params.K} models of side {side} to {path}")
+        cell = info[cid]
+        table = pd.concat([pd.DataFrame({k: [v] * len(table) for k, v in cell.items()}),
+                           table], axis=1)
+        write_table(table, out, {"command": "jagielski-train",
+                                 "spec": {**spec, "noise": cell["noise"]}, "seed": args.seed,
+                                 "cell": cell, "inputs": {"task_sha256": key["task_sha256"],
+                                                          **cell_keys[cid]},
+                                 "trainer": {"digest": key["trainer"], **where},
+                                 "dpsgd": vars(cfgs[cid]), "task": task_prov})
 
 
 def _audit(args) -> None:
@@ -231,31 +252,33 @@ def register(subparsers) -> None:
     p.set_defaults(func=_init)
 
     p = subparsers.add_parser(
-        "jagielski-train", help="train and score the models of one set-up at several eps")
+        "jagielski-train", help="train and score every cell of one data set, model and attack")
     p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
     p.add_argument("--dataset", choices=["fmnist", "cifar"], required=True)
     p.add_argument("--arch", choices=["lr", "fnn"], required=True)
     p.add_argument("--attack", choices=["mi", "backdoor", "clipbkd"], required=True)
-    p.add_argument("--clip", type=float, required=True, help="clipping norm C")
-    p.add_argument("--init", required=True, help="'fixed' or 'g<Glorot scale>', e.g. g1")
-    p.add_argument("--eps", nargs="+", required=True,
-                   help="eps labels of the spec's noise table (e.g. 8 inf): one cell each")
-    p.add_argument("--init-file", type=Path, default=None, help="weights from jagielski-init")
+    p.add_argument("--cells", required=True,
+                   help="JSON list of the cells [clip, init, eps]: init 'fixed' or "
+                        "'g<Glorot scale>' (e.g. g1), eps a label of the spec's noise table")
+    p.add_argument("--init-file", type=Path, default=None,
+                   help="weights from jagielski-init (for the 'fixed' cells)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
-    p.add_argument("--models-per-call", type=int, default=0,
-                   help="models trained at once (0: as many as fit)")
-    p.add_argument("--keep-dir", type=Path, default=None, metavar="DIR",
-                   help="keep every trained table in DIR too, and restore a cell from DIR "
-                        "instead of training it when DIR holds it from the same spec, seed, "
-                        "task, init and dpaudit version (the workflow's reruns train only "
-                        "new cells)")
+    p.add_argument("--block-trials", type=int, default=100, metavar="N",
+                   help="trials per side trained (and kept) together: an interrupted job "
+                        "loses at most one block")
+    p.add_argument("--store", type=Path, default=None, metavar="DIR",
+                   help="keep each finished block of trials in DIR, and reuse a kept block's "
+                        "cells when DIR holds them from the same spec, seed, task, init, "
+                        "device kind and trainer code (the workflow's reruns train only "
+                        "missing blocks and cells)")
     p.add_argument("--save-models", type=int, default=0, metavar="N",
-                   help="also save the weights of the first N models of each side, beside "
-                        "each OUT as OUT_models_<side>.pt (dpsgd.load_params reads them); "
-                        "cells are then always trained")
+                   help="also save the weights of the first N models of each side and cell, "
+                        "beside each cell table as <cell>_models_<side>.pt "
+                        "(dpsgd.load_params reads them); then nothing is reused or kept")
     common(p, f"JSON object with keys {', '.join(TRAIN_KEYS)}")
-    p.add_argument("--out", type=Path, nargs="+", required=True,
-                   help="score table (CSV) of each --eps label, in the same order")
+    p.add_argument("--out-dir", type=Path, required=True,
+                   help="folder of the cell score tables (one CSV per cell, named "
+                        "c<clip>_<init>_e<eps>.csv)")
     p.set_defaults(func=_train)
 
     p = subparsers.add_parser("jagielski-audit", help="bounds of Figure 2 or Table 2")

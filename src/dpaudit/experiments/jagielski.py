@@ -34,6 +34,7 @@ of a grid sees the same batches and noise draws (paired comparisons across the g
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -182,51 +183,48 @@ def init_label(value) -> str:
     return f"g{float(value):g}"
 
 
+def group_dir(dataset: str, arch: str, attack: str) -> str:
+    """Folder of a training group's score tables (an output of the workflow's
+    ``jagielski_train``): one group is every cell of one data set, model and attack, the
+    cells whose models share their seeds, hence their batches and noise draws."""
+    return f"results/jagielski/scores/{dataset}_{arch}_{attack}"
+
+
+def cell_file(clip, init, eps: str) -> str:
+    """File name of a cell's score table in its group's folder."""
+    return f"c{float(clip):g}_{init_label(init)}_e{eps}.csv"
+
+
 def cell_path(dataset: str, arch: str, clip, init, eps: str, attack: str) -> str:
-    """Score table of one cell (an output of the workflow's ``jagielski_train``)."""
-    return (f"results/jagielski/scores/{dataset}_{arch}_c{float(clip):g}_{init_label(init)}"
-            f"_e{eps}_{attack}.csv")
+    """Score table of one cell (written by its group's ``jagielski_train`` job)."""
+    return f"{group_dir(dataset, arch, attack)}/{cell_file(clip, init, eps)}"
 
 
-#: Where ``jagielski-train`` keeps every cell it trained, so that a job Snakemake reruns
-#: (the grid grew, the job failed halfway, a job parameter changed) restores its finished
-#: cells instead of training them again.
+#: Where ``jagielski-train`` keeps what it trained, one folder per group and one table per
+#: side and block of trials (a column per cell), so that a job Snakemake reruns (the grid
+#: grew, the job was interrupted) trains only the blocks and cells it has not finished.
 TRAINED_DIR = "results/jagielski/trained"
 
 
-def job_eps(jag: dict) -> list[str]:
-    """The eps labels every training job trains: Figure 2's, then Table 2's others.  A job
-    is one (data set, model, clip, init, attack) at every label, so that one process trains
-    several cells (the per-job start-up is paid once per job, not per cell)."""
-    return list(dict.fromkeys([*jag["fig2"]["eps"], *jag["table2"]["eps"]]))
-
-
 def check_grid(jag: dict, onerun: dict | None = None) -> None:
-    """A ValueError naming the config key if a label of :func:`job_eps` has no noise
-    multiplier in a trained data set's table, or if the one-run audits (config section
-    ``onerun``, when they compare with many-model cells) want a label no job trains."""
+    """A ValueError naming the config key if an eps label of Figure 2, Table 2 or the
+    one-run comparison (config section ``onerun``) has no noise multiplier in its data
+    set's table."""
     f2, t2 = jag["fig2"], jag["table2"]
-    labels = job_eps(jag)
-    for dataset in dict.fromkeys([*f2["datasets"], t2["dataset"]]):
+    wanted = [("fig2.eps", d, e) for d in f2["datasets"] for e in f2["eps"]]
+    wanted += [("table2.eps", t2["dataset"], e) for e in t2["eps"]]
+    wanted += [("onerun.eps", "fmnist", e) for e in (onerun or {}).get("eps", [])]
+    for key, dataset, label in wanted:
         noise = jag["datasets"][dataset]["noise"]
-        for label in labels:
-            if label not in noise:
-                key = "fig2.eps" if label in f2["eps"] else "table2.eps"
-                raise ValueError(
-                    f"config jagielski.{key}: {label!r} is not a key of jagielski.datasets."
-                    f"{dataset}.noise (allowed: {sorted(noise)}); every training job trains "
-                    f"each label of jagielski.fig2.eps and jagielski.table2.eps")
-    for label in (onerun or {}).get("eps", []):
-        if label not in labels:
-            raise ValueError(
-                f"config onerun.eps: {label!r} is in neither jagielski.fig2.eps nor "
-                f"jagielski.table2.eps, whose labels the many-model cells the one-run "
-                f"figure compares with are trained at (add it there, or set "
-                f"onerun.compare_many_model: false)")
+        if label not in noise:
+            section = "onerun" if key.startswith("onerun") else "jagielski"
+            raise ValueError(f"config {section}.{key.split('.', 1)[-1] if section == 'onerun' else key}"
+                             f": {label!r} is not a key of jagielski.datasets.{dataset}.noise "
+                             f"(allowed: {sorted(noise)})")
 
 
 def train_spec(jag: dict, dataset: str, labels) -> dict:
-    """The ``jagielski-train --spec`` of a job: :data:`TRAIN_KEYS` from the ``jagielski``
+    """The ``jagielski-train --spec`` of a group: :data:`TRAIN_KEYS` from the ``jagielski``
     config section and its data set's section, ``noise`` only for ``labels``, nothing else
     (:func:`check_grid` has checked the labels)."""
     ds = jag["datasets"][dataset]
@@ -237,8 +235,8 @@ def train_spec(jag: dict, dataset: str, labels) -> dict:
 def grid_cells(jag: dict, onerun: dict | None = None) -> dict[str, list[tuple]]:
     """The cells (dataset, arch, clip, init label, eps label, attack) of Figure 2, Table 2
     and, given the ``onerun`` config section, of the one-run figure's many-model
-    comparison (FMNIST ClipBKD at Figure 2's clip); ``all``: every cell the training jobs
-    train (each job at every label of :func:`job_eps`, a cell in several grids once)."""
+    comparison (FMNIST ClipBKD at Figure 2's clip); ``all``: every cell trained, a cell in
+    several grids once."""
     f2, t2 = jag["fig2"], jag["table2"]
     fig2 = [(d, a, float(f2["clip"]), init_label(f2["init"]), e, att) for d in f2["datasets"]
             for a in f2["archs"] for e in f2["eps"] for att in f2["attacks"]]
@@ -246,14 +244,17 @@ def grid_cells(jag: dict, onerun: dict | None = None) -> dict[str, list[tuple]]:
               for c in t2["clips"] for i in t2["inits"] for e in t2["eps"]]
     one = [("fmnist", a, float(f2["clip"]), init_label(onerun["init"]), e, "clipbkd")
            for a in onerun["archs"] for e in onerun["eps"]] if onerun else []
-    jobs = sorted({(*c[:4], c[5]) for c in fig2 + table2 + one})
-    trained = sorted((*job[:4], e, job[4]) for job in jobs for e in job_eps(jag))
-    return {"fig2": fig2, "table2": table2, "onerun": one, "all": trained}
+    return {"fig2": fig2, "table2": table2, "onerun": one, "all": sorted(set(fig2 + table2 + one))}
 
 
-def train_jobs(jag: dict, onerun: dict | None = None) -> list[tuple]:
-    """The training jobs (dataset, arch, clip, init label, attack) of :func:`grid_cells`."""
-    return sorted({(*c[:4], c[5]) for c in grid_cells(jag, onerun)["all"]})
+def groups(cells) -> dict[tuple[str, str, str], list[tuple]]:
+    """The training groups (dataset, arch, attack) of ``cells`` (tuples as in
+    :func:`grid_cells`), each with its sorted cells (clip, init label, eps label)."""
+    out: dict[tuple, set] = {}
+    for d, a, clip, init, eps, att in cells:
+        out.setdefault((d, a, att), set()).add((float(clip), init, eps))
+    return {g: sorted(c, key=lambda c: (c[0], c[1], math.inf if c[2] == "inf" else float(c[2])))
+            for g, c in sorted(out.items())}
 
 
 def grid_models(jag: dict, onerun: dict | None = None) -> dict[str, int]:
@@ -321,37 +322,133 @@ def score_models(params: dpsgd.Params, model: dpsgd.ModelSpec, task: Task) -> di
     }
 
 
-def run_cell(task: Task, attack: str, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig,
-             ks, trials: int, seed: int, name: tuple[str, str], init: dpsgd.Params | None = None,
-             clipbkd_d0: str = "flipped", models_per_call: int = 0, device=None,
-             log: Callable[[str], None] | None = None,
-             on_trained: Callable[[str, list[int], dpsgd.Params], None] | None = None
-             ) -> pd.DataFrame:
-    """Train ``trials`` models on each side of ``attack`` and score them.
+def trainer_digest() -> str:
+    """SHA-256 of the code that turns a seed into a score: the trainer, the canaries and
+    scores, the seed derivation, and this module's sides, seeds, scoring and training
+    loop. Kept blocks are reused only under the same digest (an edited trainer retrains)."""
+    import hashlib
+    import inspect
 
-    ``name = (dataset, arch)`` keys the model seeds (:func:`model_seeds`). Returns one row
-    per model: side, label (1 = D1), k, trial, seed, the statistics and the test accuracy.
-    ``models_per_call`` models are trained at once (0: :func:`dpsgd.pick_k`);
-    ``on_trained(side, seeds, params)`` sees every batch of trained models (to keep some).
+    from .. import canaries as canaries_mod
+
+    h = hashlib.sha256()
+    for obj in (dpsgd, canaries_mod, seeds, sides, model_seeds, score_models, run_group):
+        h.update(inspect.getsource(obj).encode())
+    return h.hexdigest()
+
+
+def _block_rows(side: str, start: int, seeds_: list[int], cell: str, stats: dict) -> pd.DataFrame:
+    return pd.DataFrame({"cell": cell, "side": side, "trial": np.arange(start, start + len(seeds_)),
+                         "seed": seeds_, **{k: np.asarray(v, np.float64) for k, v in stats.items()}})
+
+
+def _kept(path, key: dict, cells: dict) -> pd.DataFrame:
+    """The rows of a kept block whose shared ``key`` and own cell key match (JSON
+    comparison), for every cell it holds, of ``cells`` or not; empty if none."""
+    import json
+
+    from ..io import read_table
+
+    try:
+        table, prov = read_table(path)
+    except (OSError, ValueError):
+        return pd.DataFrame()
+    norm = lambda v: json.loads(json.dumps(v, sort_keys=True, default=str))  # noqa: E731
+    if prov.get("key") != norm(key):
+        return pd.DataFrame()
+    held = prov.get("cells", {})
+    ok = [c for c, ck in held.items() if c not in cells or ck == norm(cells[c])]
+    return table[table.cell.isin(ok)].assign(_key=lambda t: t.cell.map(held))
+
+
+def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
+              cells: dict[str, dpsgd.DPSGDConfig], ks, trials: int, seed: int,
+              name: tuple[str, str], init: dpsgd.Params | None = None,
+              clipbkd_d0: str = "flipped", block: int = 100, device=None,
+              log: Callable[[str], None] | None = None, store=None, key: dict | None = None,
+              cell_keys: dict[str, dict] | None = None,
+              on_trained: Callable[[str, int, dict], None] | None = None,
+              every_s: float = 15.0) -> dict[str, pd.DataFrame]:
+    """Train and score every cell of a group (one column per cell) on each side of
+    ``attack``, ``trials`` models per side and cell.
+
+    ``cells``: {cell id: its DPSGDConfig} (they share epochs, batch size, lr and
+    sampling). ``name = (dataset, arch)`` keys the model seeds (:func:`model_seeds`): a
+    trial's seed is the same in every cell, so one wide call (:func:`dpaudit.dpsgd.train`)
+    trains all of them on one gather of each batch. Trials go in blocks of ``block``
+    (trials [0, block), [block, 2 block), ...); with ``store`` (a folder), each finished
+    block of a side is written there as one table (rows: cell, trial, seed, statistics)
+    with provenance ``key`` (what every cell shares: spec, seed, task, device, trainer)
+    and each cell's ``cell_keys`` entry (its noise, init), and a block kept there with the
+    same key gives back the cells it holds with the same cell key: a rerun trains only the
+    missing cells of each block, an interrupted job loses at most the block it was in.
+    ``on_trained(side, start, {cell: Params})`` sees every trained call's models.
+
+    Returns {cell id: one row per model: side, label, k, trial, seed, the statistics and
+    the test accuracy}.
     """
-    K = models_per_call or dpsgd.pick_k(model, len(task.X), device, cfg)
-    data = {}
+    from pathlib import Path
+
+    from ..io import write_table
+
+    say = log or (lambda msg: None)
+    cell_keys = cell_keys or {c: {} for c in cells}
     plan = []
     for side, label, k, (X, y) in sides(task, attack, ks, clipbkd_d0):
-        data[side] = (torch.as_tensor(X), torch.as_tensor(y))
-        plan.append(Side(side, model_seeds(seed, *name, attack, side, trials),
-                                 {"label": label, "k": k}))
-
-    def train_score(side: Side, chunk: list[int]) -> dict:
-        params = dpsgd.train(*data[side.name], model, cfg, chunk, init=init, device=device)
-        if on_trained is not None:
-            on_trained(side.name, chunk, params)
-        return score_models(params, model, task)
-
-    scores = run_trials(plan, train_score, K, log, f"{attack} ")
-    return scores[["side", "label", "k", "trial", "seed"]
-                  + [c for c in scores.columns if c not in ("side", "label", "k", "trial",
-                                                            "seed")]]
+        side_seeds = model_seeds(seed, *name, attack, side, trials)
+        for start in range(0, trials, block):
+            stop = min(start + block, trials)
+            path = None if store is None else Path(store) / f"{side}_{start:06d}-{stop:06d}.csv"
+            kept = pd.DataFrame() if path is None or on_trained is not None \
+                else _kept(path, key or {}, cell_keys)
+            todo = [c for c in cells if kept.empty or c not in set(kept.cell)]
+            plan.append((side, label, k, X, y, side_seeds[start:stop], start, path, kept, todo))
+    total = sum(len(p[5]) * len(p[9]) for p in plan)
+    restored = sum(len(p[5]) * len(cells) for p in plan) - total
+    say(f"{attack}: {len(cells)} cells x {len(plan)} blocks of trials: {restored} models "
+        f"restored, {total} to train")
+    out: dict[str, list] = {c: [] for c in cells}
+    done, t0 = 0, time.perf_counter()
+    last = t0
+    for side, label, k, X, y, block_seeds, start, path, kept, todo in plan:
+        rows = [kept.drop(columns="_key")] if not kept.empty else []
+        if todo:
+            cfgs = [cells[c] for c in todo]
+            per_call = dpsgd.seeds_per_call(model, len(X), cfgs[0], len(todo), device,
+                                            limit=len(block_seeds))
+            Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
+            for i in range(0, len(block_seeds), per_call):
+                chunk = block_seeds[i:i + per_call]
+                trained = dpsgd.train(Xt, yt, model, cfgs, chunk, init=init, device=device)
+                if on_trained is not None:
+                    on_trained(side, start + i, dict(zip(todo, trained)))
+                rows += [_block_rows(side, start + i, chunk, c, score_models(p, model, task))
+                         for c, p in zip(todo, trained)]
+            table = pd.concat(rows, ignore_index=True)
+            if path is not None:
+                held = {c: cell_keys[c] for c in todo}
+                if not kept.empty:
+                    held = {**dict(zip(kept.cell, kept._key)), **held}
+                write_table(table, path, {"key": key or {}, "cells": held, "side": side,
+                                          "trials": [start, start + len(block_seeds)]})
+            done += len(block_seeds) * len(todo)
+            now = time.perf_counter()
+            if now - last >= every_s or done == total:
+                last, rate = now, done / max(now - t0, 1e-9)
+                say(f"{attack} side {side}, trials {start}-{start + len(block_seeds) - 1}: "
+                    f"{done}/{total} models, {rate:.2f} models/s, about "
+                    f"{(total - done) / rate:.0f} s left")
+        else:
+            table = rows[0]
+        for c in cells:
+            part = table[table.cell == c].drop(columns="cell").sort_values("trial")
+            out[c].append(part.assign(label=label, k=k))
+    lead = ["side", "label", "k", "trial", "seed"]
+    result = {}
+    for c, parts in out.items():
+        df = pd.concat(parts, ignore_index=True)
+        result[c] = df[lead + [col for col in df.columns if col not in lead]]
+    return result
 
 
 def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
@@ -539,8 +636,9 @@ def table2_markdown(table: pd.DataFrame) -> str:
 
 
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS", "Task", "make_task", "sides", "model_seeds",
-           "score_models", "run_cell", "audit_scores", "summarize_cell", "COLUMNS",
-           "init_label", "init_name", "cell_path", "TRAINED_DIR", "job_eps", "check_grid",
-           "grid_cells", "train_jobs", "grid_models", "train_spec", "TABLE2_NOTES",
+           "score_models", "run_group", "trainer_digest", "audit_scores", "summarize_cell",
+           "COLUMNS", "init_label", "init_name", "cell_path", "cell_file", "group_dir",
+           "TRAINED_DIR", "check_grid", "grid_cells", "groups", "grid_models", "train_spec",
+           "TABLE2_NOTES",
            "theoretical_eps", "PAPER_TABLE2", "paper_table2", "with_paper_table2",
            "table2_markdown"]
