@@ -1,34 +1,36 @@
-"""Speed of the batched DP-SGD trainer against Opacus and plain SGD.
+"""Speed of the wide DP-SGD trainer against Opacus and plain SGD, and the projected
+wall time of the config's Jagielski grids.
 
 The FMNIST 2-layer setup of Jagielski et al. (2020): classes 0/1, a random half (n=6000,
 d=784), 784 -> 32 ReLU -> 2, batch 250, lr 0.15, clip 1, noise multiplier 1.01. Times, in
 model-steps per second (one SGD step of one model):
 
-  (a) dpaudit.dpsgd.train at K=1 and at K models at once (pick_k, or --ks),
-  (b) Opacus 1.6 per-sample gradients (hooks, its default): GradSampleModule + DPOptimizer on
+  (a) dpaudit.dpsgd.train of one cell, K=32 models at once (the per-model baseline),
+  (b) the real training of the config's Table 2 group: its 3 clips x 4 inits x 6 eps = 72
+      cells as columns of one wide call (K seeds, --table2-seeds, each seed's batch
+      gathered once for all 72 models), and of a Figure 2 group (its eps labels),
+  (c) Opacus 1.6 per-sample gradients (hooks, its default): GradSampleModule + DPOptimizer on
       the same index-gathered batches, and PrivacyEngine.make_private with its DataLoader,
-  (c) plain non-private SGD (nn.Sequential, torch.optim.SGD, same batches),
+  (d) plain non-private SGD (nn.Sequential, torch.optim.SGD, same batches),
 
 at each thread count of --threads (default: the machine's default and 2). Best of --repeats
-rounds of --epochs epochs each (methods interleaved). Then the projection a user needs
-before starting: models per second of the paper's FMNIST setup (24 epochs) at the K that
-pick_k chooses, on the CPU (from the fastest thread count) and on CUDA when present, and
-the projected wall time of the config's Jagielski grids (Figure 2, Table 2, both; cells
-shared between them train once) and of its Tramer audit, as if every model cost one FMNIST
-2-layer model (CIFAR heads train on 1024-d features for 20 epochs of 20 steps: about as
-costly; the Tramer models are smaller: an upper estimate), and the start-up of the
-Jagielski training jobs (a fresh process importing the trainer, with the CUDA context on
-a GPU), paid once per job (one data set, model, clip, init and attack at every eps label).
+rounds of --epochs epochs each (methods interleaved). It prints the line
 
-    python benchmarks/bench_dpsgd.py [--threads 2 1] [--epochs 2] [--ks 1 4 8 16]
+  table2 grid: N model-steps/s, R x plain SGD, S x Opacus
+
+and the projected wall time of the config's Figure 2 + Table 2 grids, group by group at the
+measured speed of a group of that many cells (every model costed as an FMNIST 2-layer model
+of 24 epochs: CIFAR heads train on 1024-d features for 20 epochs of 20 steps, about as
+costly), on the CPU and on CUDA when present (with the seeds per call that
+dpsgd.seeds_per_call picks there, and the estimated bytes per seed against the measured peak).
+
+    python benchmarks/bench_dpsgd.py [--threads 2] [--epochs 1] [--table2-seeds 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -40,7 +42,7 @@ from torch import nn
 import yaml
 
 from dpaudit import dpsgd
-from dpaudit.experiments.jagielski import grid_cells, grid_models, train_jobs
+from dpaudit.experiments.jagielski import grid_cells, groups
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,6 +129,32 @@ def ours(K, device="cpu"):
     return run
 
 
+def group_cells(jag, cells, epochs):
+    """The DPSGDConfigs of a group's cells (clip, init label, eps label), FMNIST set-up."""
+    noise = jag["datasets"]["fmnist"]["noise"]
+    out = []
+    for clip, init, eps in cells:
+        kw = dict(epochs=epochs, batch_size=B, lr=LR, clip=clip, noise_multiplier=noise[eps])
+        out.append(dpsgd.DPSGDConfig(**kw, init="fixed") if init == "fixed" else
+                   dpsgd.DPSGDConfig(**kw, init_scale=float(init[1:])))
+    return out
+
+
+def wide(jag, cells, K, device="cpu"):
+    """The real training of a group: its cells as columns of one call of K seeds."""
+    model = dpsgd.ModelSpec("fnn", D, hidden=H)
+    init = dpsgd.init_params(model, 1, [0], device="cpu")
+
+    def run(X, y, epochs):
+        cfgs = group_cells(jag, cells, epochs)
+        fixed = init if any(c.init == "fixed" for c in cfgs) else None
+        dpsgd.train(X, y, model, cfgs, list(range(K)), init=fixed, device=device)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return K * len(cfgs) * cfgs[0].steps(N)
+    return run
+
+
 def rates(fns, X, y, epochs, repeats):
     """Best model-steps per second of each fn over ``repeats`` rounds (after a warm-up run);
     the fns take turns within a round, so that load from other processes hits them alike."""
@@ -145,27 +173,34 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, nargs="+",
                     default=sorted({torch.get_num_threads(), 2}, reverse=True))
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--ks", type=int, nargs="*", help="extra K values to time (CPU)")
+    ap.add_argument("--table2-seeds", type=int, default=2,
+                    help="seeds (trials) per wide call of the grids on the CPU")
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml",
-                    help="config whose grids to project (default: the full config)")
+                    help="config whose grids to time and project (default: the full config)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
+    cfg = yaml.safe_load(args.config.read_text())
+    jag = cfg["jagielski"]
+    one = cfg["onerun"] if cfg["onerun"]["compare_many_model"] else None
+    grid = groups(grid_cells(jag, one)["all"])
+    table2 = grid[(jag["table2"]["dataset"], jag["table2"]["arch"], "clipbkd")]
+    fig2 = min(grid.values(), key=len)
     X, y, source = load_data()
-    k_cpu = dpsgd.pick_k(dpsgd.ModelSpec("fnn", D, hidden=H), N, "cpu")
     print(f"data: {source} n={N} d={D}; fnn 784-32-2, batch {B}, {args.epochs} epochs x "
           f"{N // B} steps; torch {torch.__version__}; best of {args.repeats}")
-    cpu_models_s = 0.0
-    steps_24 = dpsgd.DPSGDConfig(epochs=24, batch_size=B, lr=LR, clip=CLIP,
-                                 noise_multiplier=SIGMA).steps(N)
+    speeds = {}
     for threads in args.threads:
         torch.set_num_threads(threads)
         fns = {"plain SGD (nn.Module)": plain_sgd,
                "Opacus GradSampleModule+DPOptimizer": opacus_index_batches,
-               "Opacus PrivacyEngine+DataLoader": opacus_privacy_engine}
-        for K in sorted({1, k_cpu, *(args.ks or [])}):
-            fns[f"dpaudit K={K}" + (" (pick_k)" if K == k_cpu else "")] = ours(K)
+               "Opacus PrivacyEngine+DataLoader": opacus_privacy_engine,
+               "dpaudit one cell, K=32": ours(32),
+               f"dpaudit Figure 2 group ({len(fig2)} cells)": wide(jag, fig2,
+                                                                   args.table2_seeds * 6),
+               f"dpaudit Table 2 group ({len(table2)} cells)": wide(jag, table2,
+                                                                    args.table2_seeds)}
         rows = rates(fns, X, y, args.epochs, args.repeats)
         plain = rows["plain SGD (nn.Module)"]
         opacus = max(rows["Opacus GradSampleModule+DPOptimizer"],
@@ -174,54 +209,51 @@ def main():
               f"x plain SGD's speed)")
         for name, r in rows.items():
             print(f"  {name:40s} {r:9.1f}   {r / opacus:6.2f}x Opacus   {r / plain:5.2f}x plain")
-        cpu_models_s = max(cpu_models_s, rows[f"dpaudit K={k_cpu} (pick_k)"] / steps_24)
-    project(args.config, "CPU", cpu_models_s)
+        t2 = rows[f"dpaudit Table 2 group ({len(table2)} cells)"]
+        print(f"table2 grid: {t2:.0f} model-steps/s, {t2 / plain:.1f} x plain SGD, "
+              f"{t2 / opacus:.1f} x Opacus")
+        for m, name in ((1, "dpaudit one cell, K=32"),
+                        (len(fig2), f"dpaudit Figure 2 group ({len(fig2)} cells)"),
+                        (len(table2), f"dpaudit Table 2 group ({len(table2)} cells)")):
+            speeds[m] = max(speeds.get(m, 0.0), rows[name])
+    project(grid, jag, "CPU (2 cores)" if torch.get_num_threads() <= 2 else "CPU", speeds)
     if torch.cuda.is_available():
+        cuda_speeds = {}
         model = dpsgd.ModelSpec("fnn", D, hidden=H)
-        cfg = dpsgd.DPSGDConfig(epochs=24, batch_size=B, lr=LR, clip=CLIP,
-                                noise_multiplier=SIGMA)
-        K = dpsgd.pick_k(model, N, "cuda", cfg)
-        speeds = []
-        for rep in range(2):  # the first run includes CUDA warm-up
+        for cells in (fig2, table2):
+            cfgs = group_cells(jag, cells, 24)
+            K = dpsgd.seeds_per_call(model, N, cfgs[0], len(cells), "cuda",
+                                     limit=jag["block_trials"])
+            run = wide(jag, cells, K, "cuda")
+            run(X, y, 1)  # CUDA warm-up
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
             t = time.perf_counter()
-            dpsgd.train(X, y, model, cfg, list(range(rep * K, (rep + 1) * K)), device="cuda")
-            torch.cuda.synchronize()
-            speeds.append(K / (time.perf_counter() - t))
-        print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: the FMNIST setup "
-              f"(24 epochs, {cfg.steps(N)} steps) at K={K} (pick_k): {speeds[-1]:.1f} models/s")
-        project(args.config, torch.cuda.get_device_name(), speeds[-1])
+            steps = run(X, y, 24)
+            cuda_speeds[len(cells)] = steps / (time.perf_counter() - t)
+            peak = torch.cuda.max_memory_allocated() - base
+            est = K * dpsgd.step_bytes(model, N, cfgs[0], len(cells))
+            print(f"\n{torch.cuda.get_device_name()}: {len(cells)} cells x K={K} seeds, 24 "
+                  f"epochs: {cuda_speeds[len(cells)]:.0f} model-steps/s; memory: estimated "
+                  f"{est / 2**20:.0f} MiB, measured peak {peak / 2**20:.0f} MiB")
+        t2 = cuda_speeds[len(table2)]
+        print(f"table2 grid (CUDA): {t2:.0f} model-steps/s")
+        project(grid, jag, torch.cuda.get_device_name(), cuda_speeds)
 
 
-def job_startup(cuda: bool) -> float:
-    """Seconds a training job spends before it trains, best of 3: a fresh Python importing
-    the trainer and, on a GPU, creating the CUDA context."""
-    code = ("import torch, dpaudit.cli, dpaudit.dpsgd, dpaudit.experiments.jagielski; "
-            + ("torch.zeros(1, device='cuda').sum().item()" if cuda else "pass"))
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True)
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
-def project(config: Path, device: str, models_s: float) -> None:
-    """Projected wall time of the config's grids at ``models_s`` models per second, and
-    the start-up of its Jagielski training jobs."""
-    cfg = yaml.safe_load(config.read_text())
-    one = cfg["onerun"]
-    onerun = one if one["compare_many_model"] else None
-    models = grid_models(cfg["jagielski"], onerun)
-    tr = cfg["tramer"]
-    models["tramer"] = 2 * (tr["runs"] + tr["val_runs"]) * len(tr["implementations"])
-    print(f"\nProjection on {device} at {models_s:.2f} models/s ({config.name}):")
-    for name, n in models.items():
-        print(f"  {name:8s} {n:9d} models  {n / models_s / 3600:8.2f} h")
-    cells = grid_cells(cfg["jagielski"], onerun)["all"]
-    jobs = len(train_jobs(cfg["jagielski"], onerun))
-    start = job_startup(device != "CPU")
-    print(f"  start-up {jobs} jobs x {start:.1f} s = {jobs * start / 60:.1f} min "
-          f"(one job per cell: {len(cells)} x {start:.1f} s = {len(cells) * start / 60:.1f} min)")
+def project(grid: dict, jag: dict, device: str, speeds: dict) -> None:
+    """Projected wall time of every training group of the config at the measured
+    model-steps/s of a group of as many cells (the largest measured size not above it)."""
+    steps = dpsgd.DPSGDConfig(epochs=24, batch_size=B, lr=LR, clip=CLIP,
+                              noise_multiplier=SIGMA).steps(N)
+    total_h, models = 0.0, 0
+    for (dataset, arch, attack), cells in grid.items():
+        n = len(cells) * jag["trials"] * (2 if attack == "mi" else 1 + len(jag["ks"]))
+        speed = speeds[max(m for m in speeds if m <= len(cells))]
+        total_h += n * steps / speed / 3600
+        models += n
+    print(f"\nProjection on {device}: Figure 2 + Table 2, {len(grid)} jobs, {models} models: "
+          f"{total_h:.1f} h")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ import pandas as pd
 import torch
 
 from .. import bounds, canaries, dpsgd, seeds
-from ..trials import Side, run as run_trials
 
 ATTACKS = ("mi", "backdoor", "clipbkd")
 DATASETS = ("fmnist", "cifar")
