@@ -12,7 +12,7 @@ from dpaudit.experiments.jagielski import (
     cell_path,
     check_grid,
     grid_cells,
-    group_dir,
+    group_dirs,
     groups,
     train_spec,
 )
@@ -26,11 +26,6 @@ GRID = grid_cells(JAG, _ONERUN)
 GROUPS = {"_".join(g): cells for g, cells in groups(GRID["all"]).items()}
 FIG2_CELLS = [cell_path(*cell) for cell in GRID["fig2"]]
 TABLE2_CELLS = [cell_path(*cell) for cell in GRID["table2"]]
-
-
-def cell_groups(cells):
-    """The group folders (outputs of jagielski_train) that hold `cells`."""
-    return sorted({group_dir(c[0], c[1], c[5]) for c in cells})
 
 
 rule jagielski_task:
@@ -127,7 +122,7 @@ AUDIT_SPEC = quoted_json({k: JAG[k] for k in AUDIT_KEYS})
 
 rule jagielski_fig2_table:
     input:
-        cell_groups(GRID["fig2"]),
+        group_dirs(GRID["fig2"]),
     output:
         "results/jagielski_fig2.csv",
     params:
@@ -145,7 +140,7 @@ rule jagielski_fig2_table:
 
 rule jagielski_table2_table:
     input:
-        cell_groups(GRID["table2"]),
+        group_dirs(GRID["table2"]),
     output:
         csv="results/jagielski_table2.csv",
         md="results/jagielski_table2.md",

@@ -42,7 +42,7 @@ rule onerun_audit:
 
 rule onerun_many_model:
     input:
-        cell_groups(ONERUN_GRID),
+        group_dirs(ONERUN_GRID),
     output:
         "results/onerun_many_model.csv",
     params:

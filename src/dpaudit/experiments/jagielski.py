@@ -189,6 +189,11 @@ def group_dir(dataset: str, arch: str, attack: str) -> str:
     return f"results/jagielski/scores/{dataset}_{arch}_{attack}"
 
 
+def group_dirs(cells) -> list[str]:
+    """The group folders holding ``cells`` (tuples as in :func:`grid_cells`)."""
+    return sorted({group_dir(c[0], c[1], c[5]) for c in cells})
+
+
 def cell_file(clip, init, eps: str) -> str:
     """File name of a cell's score table in its group's folder."""
     return f"c{float(clip):g}_{init_label(init)}_e{eps}.csv"
@@ -637,6 +642,7 @@ def table2_markdown(table: pd.DataFrame) -> str:
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS", "Task", "make_task", "sides", "model_seeds",
            "score_models", "run_group", "trainer_digest", "audit_scores", "summarize_cell",
            "COLUMNS", "init_label", "init_name", "cell_path", "cell_file", "group_dir",
+           "group_dirs",
            "TRAINED_DIR", "check_grid", "grid_cells", "groups", "grid_models", "train_spec",
            "TABLE2_NOTES",
            "theoretical_eps", "PAPER_TABLE2", "paper_table2", "with_paper_table2",
