@@ -212,51 +212,57 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     assert cifar.pretrained_on.str.startswith("cifar10-other-classes").all()
     md = (tmp_path / "results/jagielski_table2.md").read_text()
     assert "(1.55)" in md and "(0.75)" in md  # the noise and the paper's value, fixed init
-    scores, prov = read_table(tmp_path / "results/jagielski/scores/fmnist_fnn_c1_fixed_e4_clipbkd.csv")
+    scores_dir = tmp_path / "results/jagielski/scores"
+    scores, prov = read_table(scores_dir / "fmnist_fnn_clipbkd/c1_fixed_e4.csv")
     assert prov["seed"] == 3 and prov["cell"]["noise"] == 1.55
+    assert prov["trainer"]["device"] == "cpu"
     assert len(scores) == 8 * 3 and scores.seed.nunique() == 24
 
-    # Growing the grid: a new set-up is a new job ...
+    # Growing the grid: a new clip reruns only the job of its group ...
     jag["table2"]["clips"] = [1.0, 2.0]
     dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(tmp_path),
                     "--configfile", str(write_config(tmp_path, cfg)))
     assert dry.returncode == 0, dry.stderr
-    assert _score_outputs(dry.stdout) == ["fmnist_fnn_c2_fixed_e4_clipbkd",
-                                          "fmnist_fnn_c2_g1_e4_clipbkd"]
+    assert _score_outputs(dry.stdout) == ["fmnist_fnn_clipbkd"]
 
-    # ... a new eps label reruns a set-up's job, which restores its finished cell (the same
-    # bytes) and trains only the new one; afterwards nothing is out of date.
+    # ... a new eps label reruns its group's job, which reuses its kept blocks for the
+    # finished cell (the same bytes) and trains only the new one; then nothing is out of
+    # date.
     jag["table2"]["clips"] = [1.0]
     jag["fig2"]["eps"] = ["4", "8"]
-    scores_dir = tmp_path / "results/jagielski/scores"
-    e4 = (scores_dir / "cifar_lr_c1_g1_e4_mi.csv").read_bytes()
-    target = "results/jagielski/scores/cifar_lr_c1_g1_e8_mi.csv"
+    e4 = (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes()
+    target = "results/jagielski/scores/cifar_lr_mi"
     conf = str(write_config(tmp_path, cfg))
     out = snakemake(target, "--cores", "2", "--directory", str(tmp_path), "--configfile", conf)
     assert out.returncode == 0, out.stderr
-    log = (tmp_path / "logs/jagielski_train/cifar_lr_c1_g1_mi.log").read_text()
-    assert log.count("restored from") == 1, log
-    assert "cell 2/2 (cifar_lr_c1_g1_e8_mi.csv): {" in log
-    assert (scores_dir / "cifar_lr_c1_g1_e4_mi.csv").read_bytes() == e4
-    assert read_table(tmp_path / target)[1]["cell"]["noise"] == 1.02
+    log = (tmp_path / "logs/jagielski_train/cifar_lr_mi.log").read_text()
+    assert "2 cells x 2 blocks of trials: 16 models restored, 16 to train" in log, log
+    assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
+    assert read_table(scores_dir / "cifar_lr_mi/c1_g1_e8.csv")[1]["cell"]["noise"] == 1.02
     again = snakemake(target, "-n", "--cores", "1", "--directory", str(tmp_path),
                       "--configfile", conf)
     assert "Nothing to be done" in again.stdout + again.stderr
 
-    # A job interrupted before a cell finished (no table, nothing kept): that job reruns.
-    jag["fig2"]["eps"] = ["4"]
-    (scores_dir / "cifar_lr_c1_g1_e4_mi.csv").unlink()
-    (tmp_path / "results/jagielski/trained/cifar_lr_c1_g1_e4_mi.csv").unlink()
+    # A job interrupted halfway (its outputs gone, one block kept): it trains the rest.
+    (tmp_path / "results/jagielski/trained/cifar_lr_mi/in_000000-000008.csv").unlink()
     for made in ("results/jagielski_fig2.csv", "figures/jagielski_fig2.pdf",
                  "figures/jagielski_fig2.png"):
-        (tmp_path / made).unlink()
+        (tmp_path / made).unlink(missing_ok=True)
+    import shutil
+
+    shutil.rmtree(scores_dir / "cifar_lr_mi")
     dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(tmp_path),
-                    "--configfile", str(write_config(tmp_path, cfg)))
-    assert _score_outputs(dry.stdout) == ["cifar_lr_c1_g1_e4_mi"]
+                    "--configfile", conf)
+    assert _score_outputs(dry.stdout) == ["cifar_lr_mi"]
+    out = snakemake(target, "--cores", "2", "--directory", str(tmp_path), "--configfile", conf)
+    assert out.returncode == 0, out.stderr
+    log = (tmp_path / "logs/jagielski_train/cifar_lr_mi.log").read_text()
+    assert "16 models restored, 16 to train" in log, log
+    assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
 
 
 def _score_outputs(dry_run: str) -> list[str]:
-    """The score tables a dry run's jobs write (every output of every job), sorted."""
+    """The score-table groups a dry run's jobs write (every output of every job), sorted."""
     files = [f for line in re.findall(r"output: (.*)", dry_run) for f in line.split(", ")]
-    return sorted(re.sub(r"^results/jagielski/scores/(.*)\.csv$", r"\1", f) for f in files
+    return sorted(f.removeprefix("results/jagielski/scores/") for f in files
                   if f.startswith("results/jagielski/scores/"))
