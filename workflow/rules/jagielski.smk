@@ -38,7 +38,7 @@ rule jagielski_task:
         ),
         data=spec("data"),
         seed=config["seed"],
-        device=JAG["device"],
+        device=job_device(JAG["device"]),
     threads: 2
     resources:
         gpu=GPU_PER_JOB,
@@ -95,7 +95,7 @@ rule jagielski_train:
         eps=" ".join(JOB_EPS),
         keep=TRAINED_DIR,
         seed=config["seed"],
-        device=JAG["device"],
+        device=job_device(JAG["device"]),
         models_per_call=JAG["models_per_call"],
         init_file=lambda wc, input: f"--init-file {input.init}" if wc.init == "fixed" else "",
     threads: 2
