@@ -78,8 +78,9 @@ def resolve(device: str | torch.device | None = None) -> torch.device:
             _claimed = _claim(n)
         dev = _claimed[0]
     elif dev.index >= n:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise DeviceUnavailable(f"device={str(device)!r}: torch sees {n} CUDA device(s) "
-                                f"here (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
+                                f"here (CUDA_VISIBLE_DEVICES={visible})")
     torch.cuda.set_device(dev.index)
     return dev
 

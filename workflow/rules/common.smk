@@ -20,8 +20,8 @@ if workflow.local_exec and "gpu" not in workflow.global_resources:
 
 
 def job_device(setting):
-    """`--device` for a rule with a `gpu` resource: `auto` is `cuda` in a job given a GPU,
-    so that a job whose torch cannot use CUDA fails instead of training on the CPU."""
+    """The `--device` param of a training job: `auto` is `cuda` where the job reserves a
+    GPU, so that a job whose torch cannot use CUDA fails instead of training on the CPU."""
     return lambda wildcards, resources: (
         "cuda" if setting == "auto" and resources.get("gpu", 0) else setting
     )
