@@ -202,21 +202,24 @@ def test_nvml_free_memory_matches_torch_indices_by_uuid(monkeypatch):
     assert device.nvml_free_memory(1) is None
 
 
-def test_describe_records_the_device_actually_used(monkeypatch):
-    cpu = device.describe(torch.device("cpu"))
-    assert cpu == {"device": "cpu", "gpu_name": None, "capability": None, "sm_count": None,
-                   "torch": torch.__version__, "cuda": torch.version.cuda or None}
+def test_describe_records_the_device_actually_used(monkeypatch, no_gpu_vars, fake_cuda):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = device.describe()
+    assert cpu == device.describe("cpu") == {
+        "device": "cpu", "gpu_name": None, "capability": None, "sm_count": None,
+        "torch": torch.__version__, "cuda": torch.version.cuda or None}
     assert set(device.REPRODUCE_KEYS) < set(cpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0,
-                            multi_processor_count=132)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            multi_processor_count=132, uuid="GPU-1")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",  # only the used card is read
                         lambda i: props if i == 1 else pytest.fail(f"card {i} read"))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
-    for dev in ("cuda:1", torch.device("cuda")):
+    for dev in ("cuda:1", torch.device("cuda", 1)):
         assert device.describe(dev) == {
             "device": "cuda:1", "gpu_name": "NVIDIA H100 80GB HBM3", "capability": "9.0",
             "sm_count": 132, "torch": torch.__version__, "cuda": "12.4"}
+    assert fake_cuda == [1, 1]
 
 
 def test_deterministic_scope_on_cuda_sets_and_restores_flags(monkeypatch):

@@ -178,22 +178,22 @@ def _uuid_key(uuid: object) -> str:
     return text[4:] if text.startswith(("gpu-", "mig-")) else text
 
 
-def describe(dev: str | torch.device) -> dict:
-    """What provenance records about the device ``dev`` (as :func:`resolve` returned it):
+def describe(device: str | torch.device | None = None) -> dict:
+    """What provenance records about the device used, ``resolve(device)`` (the same card
+    for the rest of the process once claimed):
     ``device`` (``"cpu"``, ``"cuda:0"``), ``gpu_name`` (``"NVIDIA H100 80GB HBM3"``),
     ``capability`` (compute capability, ``"9.0"``) and ``sm_count`` (streaming
     multiprocessors: the grid size of torch's random kernels depends on it, so it fixes
     the CUDA random streams), all three ``None`` on the CPU; ``torch``
     (``torch.__version__``) and ``cuda`` (the CUDA version torch was built with, ``None``
     for a CPU-only build). A restore should match on :data:`REPRODUCE_KEYS`. Reads the
-    device's properties only: no CUDA context opens, on this card or any other."""
-    dev = torch.device(dev)
+    card's properties from the driver: no context opens on any other card."""
+    dev = resolve(device)
     info = {"device": str(dev), "gpu_name": None, "capability": None, "sm_count": None,
             "torch": torch.__version__, "cuda": torch.version.cuda or None}
     if dev.type == "cuda":
-        index = torch.cuda.current_device() if dev.index is None else dev.index
-        props = torch.cuda.get_device_properties(index)
-        info.update(device=f"cuda:{index}", gpu_name=props.name,
+        props = torch.cuda.get_device_properties(dev.index)
+        info.update(gpu_name=props.name,
                     capability=f"{props.major}.{props.minor}",
                     sm_count=props.multi_processor_count)
     return info
