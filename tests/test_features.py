@@ -43,6 +43,50 @@ def test_pretrain_deterministic_and_learns():
     assert hist[0] > 0.9 * np.log(3) and hist[-1] < 0.5 * hist[0]
 
 
+def test_pretrain_and_features_run_deterministic_on_cuda_without_a_sync_per_step(monkeypatch):
+    """On CUDA, pretraining and feature extraction run with torch's deterministic
+    algorithms, cuDNN's deterministic mode and the cuBLAS workspace torch asks for (the
+    task's features decide which cells are restored), restored afterwards; the loss is
+    read back once per epoch, not per step. No GPU here: the CUDA scope is forced around
+    a CPU run and the flags are read inside the model's forward."""
+    import os
+
+    from dpaudit import device
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    scopes, seen = [], []
+
+    def cuda_scope(dev):
+        scopes.append(torch.device(dev))
+        return device.deterministic(torch.device("cuda"))
+
+    def record(module, inputs):
+        seen.append((torch.are_deterministic_algorithms_enabled(),
+                     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+                     os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+
+    reads = []  # (reads a loss of the autograd graph, dtype); Adam reads its step counts
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item",
+                        lambda t: reads.append((t.grad_fn is not None, t.dtype)) or item(t))
+    monkeypatch.setattr(F, "deterministic", cuda_scope)
+    monkeypatch.setattr(F.CifarCNN, "__call__",
+                        lambda self, x: (record(self, x), torch.nn.Module.__call__(self, x))[1])
+    imgs, labels = _images(40, seed=2)
+    model, hist = F.pretrain(imgs, labels, epochs=2, seed=0, device="cpu", batch_size=8)
+    assert len(seen) == 10 and set(seen) == {(True, True, False, ":4096:8")}
+    # the epoch's summed loss (float64) read once per epoch, no step's loss (5 steps each)
+    assert not any(graph for graph, _ in reads)
+    assert [dtype for _, dtype in reads].count(torch.float64) == len(hist) == 2
+    monkeypatch.setattr(F.nn.Sequential, "__call__",
+                        lambda self, x: (record(self, x), torch.nn.Module.__call__(self, x))[1])
+    F.extract_features(model, imgs, batch_size=20, device="cpu")
+    assert scopes == [torch.device("cpu")] * 2 and len(seen) == 12
+    assert set(seen) == {(True, True, False, ":4096:8")}
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
 def test_extract_features_batches_and_cache_roundtrip(tmp_path):
     imgs, labels = _images(23, seed=1)
     torch.manual_seed(0)

@@ -1,12 +1,20 @@
-"""The one device choice: where models train and features are computed."""
+"""The one device choice: where models train and features are computed.
+
+- :func:`resolve` turns a config's ``device`` into a ``torch.device``: it claims a card
+  among several (:func:`claim_first`), makes it the current CUDA device, and refuses to
+  fall back to the CPU in a job that was given a GPU (:func:`given_gpus`).
+- :func:`describe` is what provenance records about the device actually used.
+- :func:`deterministic` is the scope in which CUDA computations are bitwise reproducible.
+"""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Iterator, Mapping, Sequence
 
 import torch
 
@@ -14,55 +22,214 @@ import torch
 DEVICES = ("auto", "cpu", "cuda")
 #: Where the processes of one user claim GPUs (:func:`claim_first`).
 LOCK_DIR = Path(tempfile.gettempdir()) / f"dpaudit-gpus-{os.getuid()}"
+#: Environment variables through which a job is handed GPUs: ``CUDA_VISIBLE_DEVICES``
+#: naming a device, SLURM's for ``--gpus``/``--gres=gpu`` (:func:`given_gpus`).
+GPU_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE")
+#: The keys of :func:`describe` that fix what a seed trains (random streams, kernels);
+#: ``device`` also names the card's index, which does not.
+REPRODUCE_KEYS = ("gpu_name", "capability", "sm_count", "torch", "cuda")
+#: cuBLAS workspace setting that torch requires for deterministic CUDA matmuls.
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+
+
+_FIX = ("make CUDA usable in this job (a CUDA build of torch, a working driver), or set "
+        "device cpu (config jagielski.device, CLI --device) to train on the CPU on purpose")
+
+
+class DeviceUnavailable(RuntimeError):
+    """The requested or allocated device cannot be used here."""
+
 
 # The GPU this process claimed, with the open lock file that holds the claim until exit.
 _claimed: tuple[torch.device, IO | None] | None = None
 
 
 def resolve(device: str | torch.device | None = None) -> torch.device:
-    """``None`` or ``"auto"``: a GPU when torch sees one, else the CPU; ``"cuda"`` without an
-    index, of several GPUs: the first one that no other dpaudit process of this user has
-    claimed (:func:`claim_first`: jobs started side by side with ``--resources gpu=N`` each
-    get their own of the N GPUs), or the one with the most free memory if all are claimed,
-    the same one for the rest of the process; any other name or ``torch.device`` as given.
-    Asking for CUDA where torch sees none is a ValueError."""
+    """``None`` or ``"auto"``: a GPU when torch sees one, else the CPU, except in a job that
+    was given a GPU (:func:`given_gpus`), where a CPU fallback (~100x slower, holding the
+    GPU) is a :class:`DeviceUnavailable` error. ``"cuda"`` without an index, of several
+    GPUs: the first one that no other dpaudit process of this user has claimed
+    (:func:`claim_first`: jobs started side by side with ``--resources gpu=N`` each get
+    their own of the N GPUs), or, if all are claimed, the one with the most free memory
+    (from NVML, :func:`nvml_free_memory`; without NVML a card picked by process id), the
+    same one for the rest of the process. A CUDA result always has an index and is made
+    the current device (``torch.cuda.set_device``), so that work placed on plain ``cuda``
+    goes there too and no context opens on card 0. Any other name or ``torch.device`` as
+    given. Asking for CUDA where torch cannot use it is a :class:`DeviceUnavailable`."""
     global _claimed
     if device is None or device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():
+            given = given_gpus()
+            if given:
+                raise DeviceUnavailable(f"device='auto': this job was given a GPU "
+                                        f"({_show(given)}) but {_why_no_cuda()}; {_FIX}")
+            return torch.device("cpu")
+        device = "cuda"
     dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None and torch.cuda.device_count() > 1:
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        given = given_gpus()
+        where = f" (this job was given a GPU: {_show(given)})" if given else ""
+        raise DeviceUnavailable(f"device={str(device)!r}: {_why_no_cuda()}{where}; {_FIX}")
+    n = torch.cuda.device_count()
+    if dev.index is None:
         if _claimed is None:
-            n = torch.cuda.device_count()
-            # Global names, so that jobs with different CUDA_VISIBLE_DEVICES agree.
-            names = [str(getattr(torch.cuda.get_device_properties(i), "uuid", ""))
-                     for i in range(n)]
-            if len(set(names)) < n or "" in names:
-                names = [f"cuda{i}" for i in range(n)]
-            pick, lock = claim_first(names, LOCK_DIR)
-            if lock is None:  # every card claimed: share the freest (this opens contexts)
-                free = [torch.cuda.mem_get_info(i)[0] for i in range(n)]
-                index = max(range(n), key=free.__getitem__)
-            else:
-                index = names.index(pick)
-            _claimed = (torch.device("cuda", index), lock)
-        return _claimed[0]
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r}: torch sees no CUDA device here (use auto or cpu)")
+            _claimed = _claim(n)
+        dev = _claimed[0]
+    elif dev.index >= n:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise DeviceUnavailable(f"device={str(device)!r}: torch sees {n} CUDA device(s) "
+                                f"here (CUDA_VISIBLE_DEVICES={visible})")
+    torch.cuda.set_device(dev.index)
     return dev
 
 
+def _claim(n: int) -> tuple[torch.device, IO | None]:
+    """The card this process takes among ``n`` (see :func:`resolve`), with its lock."""
+    if n == 1:
+        return torch.device("cuda", 0), None
+    # Global names, so that jobs with different CUDA_VISIBLE_DEVICES agree (properties
+    # come from the driver: no context is opened).
+    names = [str(getattr(torch.cuda.get_device_properties(i), "uuid", "")) for i in range(n)]
+    if len(set(names)) < n or "" in names:
+        names = [f"cuda{i}" for i in range(n)]
+    pick, lock = claim_first(names, LOCK_DIR)
+    if lock is not None:
+        return torch.device("cuda", names.index(pick)), lock
+    # Every card claimed: share the freest; without NVML spread processes by id.
+    free = nvml_free_memory(n)
+    index = os.getpid() % n if free is None else max(range(n), key=free.__getitem__)
+    return torch.device("cuda", index), None
+
+
+def given_gpus(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of :data:`GPU_VARS` in ``environ`` (default ``os.environ``) that say
+    this process was handed GPUs, with their values: ``CUDA_VISIBLE_DEVICES``,
+    ``SLURM_JOB_GPUS`` or ``SLURM_STEP_GPUS`` naming a device (an index, ``GPU-...`` or
+    ``MIG-...``; ``""``, ``-1`` or ``NoDevFiles`` name none), ``SLURM_GPUS_ON_NODE`` above
+    0. Empty on a machine where nothing allocated a GPU (a plain CPU run). The workflow
+    also passes ``--device cuda`` to jobs that reserve a ``gpu`` resource."""
+    env = os.environ if environ is None else environ
+    found = {}
+    for var in GPU_VARS:
+        value = env.get(var, "").strip()
+        first = value.split(",")[0].strip()
+        if var == "SLURM_GPUS_ON_NODE":
+            named = first.isdigit() and int(first) > 0
+        else:
+            named = first.isdigit() or first.upper().startswith(("GPU-", "MIG-"))
+        if named:
+            found[var] = value
+    return found
+
+
+def _show(variables: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in variables.items())
+
+
+def _why_no_cuda() -> str:
+    """Why ``torch.cuda.is_available()`` is false, in torch's words where it has them."""
+    if not torch.backends.cuda.is_built():
+        return f"this torch ({torch.__version__}) is built without CUDA"
+    try:
+        torch.cuda.init()
+    except Exception as exc:  # torch's own diagnosis (no driver, no visible device, ...)
+        return f"torch {torch.__version__} cannot use CUDA: {exc}"
+    return f"torch {torch.__version__} sees no CUDA device"
+
+
+def nvml_free_memory(n: int) -> list[int] | None:
+    """Free bytes of CUDA devices ``0..n-1`` as NVML reports them (NVML reads the driver:
+    unlike ``torch.cuda.mem_get_info`` it opens no CUDA context on each card), matched to
+    torch's indices by UUID, so ``CUDA_VISIBLE_DEVICES`` is respected. ``None`` where NVML
+    cannot say: ``nvidia-ml-py`` not installed (``pip install "dpaudit[gpu]"``), no driver
+    library, or a device NVML does not list (a MIG slice)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        handles = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            handles[_uuid_key(pynvml.nvmlDeviceGetUUID(handle))] = handle
+        free = []
+        for i in range(n):
+            handle = handles.get(_uuid_key(getattr(torch.cuda.get_device_properties(i),
+                                                   "uuid", "")))
+            if handle is None:
+                return None
+            free.append(int(pynvml.nvmlDeviceGetMemoryInfo(handle).free))
+        return free
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _uuid_key(uuid: object) -> str:
+    """A GPU UUID as both NVML (``GPU-`` prefix, str or bytes) and torch write it."""
+    text = (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).strip().lower()
+    return text[4:] if text.startswith(("gpu-", "mig-")) else text
+
+
 def describe(device: str | torch.device | None = None) -> dict:
-    """What a result records of the device it was computed on: its name (``cpu``,
-    ``cuda:0``), the GPU's model and multiprocessor count (torch's random kernels draw
-    other numbers on other GPU models), and the torch and CUDA versions."""
+    """What provenance records about the device used, ``resolve(device)`` (the same card
+    for the rest of the process once claimed):
+    ``device`` (``"cpu"``, ``"cuda:0"``), ``gpu_name`` (``"NVIDIA H100 80GB HBM3"``),
+    ``capability`` (compute capability, ``"9.0"``) and ``sm_count`` (streaming
+    multiprocessors: the grid size of torch's random kernels depends on it, so it fixes
+    the CUDA random streams), all three ``None`` on the CPU; ``torch``
+    (``torch.__version__``) and ``cuda`` (the CUDA version torch was built with, ``None``
+    for a CPU-only build). A restore should match on :data:`REPRODUCE_KEYS`. Reads the
+    card's properties from the driver: no context opens on any other card."""
     dev = resolve(device)
-    out = {"device": str(dev), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "gpu_name": None, "sm_count": None}
+    info = {"device": str(dev), "gpu_name": None, "capability": None, "sm_count": None,
+            "torch": torch.__version__, "cuda": torch.version.cuda or None}
     if dev.type == "cuda":
-        props = torch.cuda.get_device_properties(dev)
-        out.update(device=f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}",
-                   gpu_name=props.name, sm_count=props.multi_processor_count)
-    return out
+        props = torch.cuda.get_device_properties(dev.index)
+        info.update(gpu_name=props.name,
+                    capability=f"{props.major}.{props.minor}",
+                    sm_count=props.multi_processor_count)
+    return info
+
+
+@contextmanager
+def deterministic(dev: str | torch.device) -> Iterator[None]:
+    """Within this scope, CUDA work on ``dev`` is bitwise reproducible (same code, data,
+    seed, GPU model and software): ``torch.use_deterministic_algorithms(True)`` (an op
+    with no deterministic CUDA kernel raises instead of running), cuDNN's deterministic
+    algorithms without benchmarking, and ``CUBLAS_WORKSPACE_CONFIG`` set to
+    ``:4096:8`` unless it already holds a deterministic value. All are restored on exit.
+    One thing cannot be: torch reads the cuBLAS workspace size once per process, at the
+    first cuBLAS call, so enter this scope before any CUDA matmul (as the task's
+    pretraining does) for the same workspace on every run. On the CPU (already
+    deterministic) a no-op."""
+    if torch.device(dev).type != "cuda":
+        yield
+        return
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    if saved[-1] not in CUBLAS_DETERMINISTIC:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC[0]
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:4]
+        if saved[-1] is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved[-1]
 
 
 def claim_first(names: Sequence[str], lock_dir: Path) -> tuple[str, IO | None]:
@@ -88,4 +255,6 @@ def claim_first(names: Sequence[str], lock_dir: Path) -> tuple[str, IO | None]:
     return names[0], None
 
 
-__all__ = ["DEVICES", "LOCK_DIR", "resolve", "describe", "claim_first"]
+__all__ = ["DEVICES", "LOCK_DIR", "GPU_VARS", "REPRODUCE_KEYS", "DeviceUnavailable",
+           "resolve", "given_gpus", "nvml_free_memory", "describe", "deterministic",
+           "claim_first"]

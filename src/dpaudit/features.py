@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .device import resolve
+from .device import deterministic, resolve
 from .data import DataNotFound, ImageData, load_cifar10, load_cifar100, to_float
 from .io import atomic_path
 
@@ -67,42 +67,53 @@ def pretrain(images: np.ndarray, labels: np.ndarray, epochs: int, seed: int,
              lr: float = 1e-3) -> tuple[CifarCNN, list[float]]:
     """Train :class:`CifarCNN` on uint8 images ``(n, 3, 32, 32)`` (scaled to [0, 1]) with
     cross-entropy and Adam; returns the model (eval mode) and the mean training loss of
-    each epoch.  Initialisation and batch order depend only on ``seed`` (bitwise
-    reproducible on CPU)."""
+    each epoch.  Initialisation and batch order depend only on ``seed``; the result is
+    bitwise reproducible on the CPU and, run in :func:`~dpaudit.device.deterministic`, on
+    a GPU of the same model and software (the task's features, hence its SHA-256, which
+    decides whether finished cells are restored, must not change between reruns)."""
     dev = resolve(device)
-    labels_t = torch.as_tensor(np.asarray(labels), dtype=torch.long)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = CifarCNN(int(labels_t.max()) + 1)
-    model.to(dev).train()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    history = []
-    for _ in range(epochs):
-        order = torch.randperm(len(labels_t), generator=gen)
-        total = 0.0
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
-            xb = to_float(images[idx.numpy()]).to(dev)
-            loss = nn.functional.cross_entropy(model(xb), labels_t[idx].to(dev))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-        history.append(total / len(order))
+    with deterministic(dev):
+        # The images stay on the device (uint8: 150 MB for CIFAR-100's 50,000) and the
+        # loss is summed there: no host transfer or sync per step.
+        images_t = torch.as_tensor(np.asarray(images)).to(dev)
+        labels_t = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+        n_classes = int(labels_t.max()) + 1
+        # One-hot targets: cross-entropy on class indices is NLLLoss, which has no
+        # deterministic CUDA kernel; on probabilities it is log-softmax, product and sum.
+        targets = torch.eye(n_classes, device=dev)[labels_t.to(dev)]
+        gen = torch.Generator().manual_seed(seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = CifarCNN(n_classes)
+        model.to(dev).train()
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        history = []
+        for _ in range(epochs):
+            order = torch.randperm(len(labels_t), generator=gen).to(dev)
+            total = torch.zeros((), dtype=torch.float64, device=dev)
+            for start in range(0, len(order), batch_size):
+                idx = order[start:start + batch_size]
+                loss = nn.functional.cross_entropy(model(to_float(images_t[idx])), targets[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total += loss.detach() * len(idx)
+            history.append(total.item() / len(order))
     return model.eval(), history
 
 
 @torch.inference_mode()
 def extract_features(model: CifarCNN, images: np.ndarray, batch_size: int = 1000,
                      device: str | torch.device | None = None) -> np.ndarray:
-    """1024-d ReLU features ``(n, 1024)`` float32 of uint8 images, in batches."""
+    """1024-d ReLU features ``(n, 1024)`` float32 of uint8 images, in batches (on a GPU
+    in :func:`~dpaudit.device.deterministic`: the features are the task)."""
     dev = resolve(device)
     model = model.to(dev).eval()
     out = np.empty((len(images), FEATURE_DIM), dtype=np.float32)
-    for start in range(0, len(images), batch_size):
-        xb = to_float(images[start:start + batch_size]).to(dev)
-        out[start:start + len(xb)] = model.features(xb).cpu().numpy()
+    with deterministic(dev):
+        for start in range(0, len(images), batch_size):
+            xb = to_float(images[start:start + batch_size]).to(dev)
+            out[start:start + len(xb)] = model.features(xb).cpu().numpy()
     return out
 
 

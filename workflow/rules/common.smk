@@ -19,6 +19,14 @@ if workflow.local_exec and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", GPUS)
 
 
+def job_device(setting):
+    """The `--device` param of a training job: `auto` is `cuda` where the job reserves a
+    GPU, so that a job whose torch cannot use CUDA fails instead of training on the CPU."""
+    return lambda wildcards, resources: (
+        "cuda" if setting == "auto" and resources.get("gpu", 0) else setting
+    )
+
+
 def quoted_json(value):
     """`value` as a shell-quoted JSON string."""
     return shlex.quote(json.dumps(value, sort_keys=True))

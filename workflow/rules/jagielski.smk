@@ -39,7 +39,7 @@ rule jagielski_task:
         ),
         data=spec("data"),
         seed=config["seed"],
-        device=JAG["device"],
+        device=job_device(JAG["device"]),
     threads: 2
     resources:
         gpu=GPU_PER_JOB,
@@ -99,7 +99,7 @@ rule jagielski_train:
         ),
         store=lambda wc: f"{TRAINED_DIR}/{wc.dataset}_{wc.arch}_{wc.attack}",
         seed=config["seed"],
-        device=JAG["device"],
+        device=job_device(JAG["device"]),
         block=JAG["block_trials"],
         init_file=lambda wc, input: f"--init-file {input.init}" if input.init else "",
     threads: 2

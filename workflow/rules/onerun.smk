@@ -27,7 +27,7 @@ rule onerun_audit:
             }
         ),
         seed=config["seed"],
-        device=config["jagielski"]["device"],
+        device=job_device(config["jagielski"]["device"]),
     threads: 2
     resources:
         gpu=GPU_PER_JOB,

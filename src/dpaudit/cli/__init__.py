@@ -15,6 +15,7 @@ import sys
 
 from .. import __version__
 from ..config import SpecError
+from ..device import DeviceUnavailable
 from ..io import DataNotFound
 
 #: Subcommand modules, in help order.
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(f"dpaudit {args.command}: config error: {exc}", file=sys.stderr)
         return 2
-    except DataNotFound as exc:
+    except (DataNotFound, DeviceUnavailable) as exc:
         print(f"dpaudit {args.command}: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -104,7 +104,7 @@ def _train(args) -> None:
     import torch
 
     from .. import dpsgd, features
-    from ..device import describe
+    from ..device import REPRODUCE_KEYS, describe
     from ..experiments import jagielski
     from ..io import array_digest, write_table
 
@@ -137,7 +137,7 @@ def _train(args) -> None:
     shared = {k: spec[k] for k in TRAIN_KEYS if k not in ("trials", "ks", "noise")}
     key = {"group": [args.dataset, args.arch, args.attack], "spec": shared, "seed": args.seed,
            "task_sha256": array_digest(arrays), "trainer": jagielski.trainer_digest(),
-           "device": {k: v for k, v in where.items() if k != "device"}}
+           "device": {k: where[k] for k in REPRODUCE_KEYS}}
     cfgs, cell_keys, info = {}, {}, {}
     for clip, init_label, eps in cells:
         noise = float(spec["noise"][eps])
