@@ -251,7 +251,7 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     import shutil
 
     shutil.rmtree(scores_dir / "cifar_lr_mi")
-    dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(tmp_path),
+    dry = snakemake(target, "-n", "--cores", "1", "--directory", str(tmp_path),
                     "--configfile", conf)
     assert _score_outputs(dry.stdout) == ["cifar_lr_mi"]
     out = snakemake(target, "--cores", "2", "--directory", str(tmp_path), "--configfile", conf)
