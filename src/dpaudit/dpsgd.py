@@ -659,7 +659,7 @@ def _initial(model: ModelSpec, cols: list[DPSGDConfig], init: Params | None, sta
                 t.copy_(v.to(dev, dtype).expand_as(t))
         else:
             for w, d in zip(col.W, draws):
-                torch.mul(d, c.init_scale, out=w) if w.is_contiguous() else w.copy_(d * c.init_scale)
+                w.copy_(d).mul_(c.init_scale)
     return wide
 
 
@@ -852,11 +852,12 @@ def train(X: torch.Tensor, y: torch.Tensor, model: ModelSpec,
     (:func:`train_with_noise_std`): Params for one config, a list of Params for a sequence
     of configs; with ``canaries=``, a :class:`CanaryRun` (params, all-iterates scores)."""
     cols = [cfg] if isinstance(cfg, DPSGDConfig) else list(cfg)
-    stds = [c.noise_multiplier * c.clip for c in cols if isinstance(c, DPSGDConfig)]
-    return train_with_noise_std(X, y, model, cfg, seeds, stds if len(stds) == len(cols)
-                                and not isinstance(cfg, DPSGDConfig) else
-                                (stds[0] if stds else 0.0), init=init, device=device,
-                                progress=progress, canaries=canaries)
+    if not all(isinstance(c, DPSGDConfig) for c in cols):
+        raise ValueError("train: cfg must be a DPSGDConfig or a non-empty sequence of them")
+    stds = [c.noise_multiplier * c.clip for c in cols]
+    return train_with_noise_std(X, y, model, cfg, seeds,
+                                stds[0] if isinstance(cfg, DPSGDConfig) else stds, init=init,
+                                device=device, progress=progress, canaries=canaries)
 
 
 def step_bytes(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
