@@ -47,6 +47,7 @@ rule onerun_many_model:
     params:
         spec=AUDIT_SPEC,
         seed=config["seed"],
+    localrule: True
     log:
         "logs/onerun_many_model.log",
     conda:
@@ -64,11 +65,17 @@ rule onerun_plot:
         ),
     output:
         pdf="figures/onerun_dpsgd.pdf",
-        png="figures/onerun_dpsgd.png",
+        png=report(
+            "figures/onerun_dpsgd.png",
+            caption="../report/onerun_dpsgd.rst",
+            category="One-run audits of DP-SGD",
+            subcategory="FMNIST, Figure 2 cells",
+        ),
     params:
         many_model=lambda wc, input: (
             f"--many-model {input.many_model}" if input.many_model else ""
         ),
+    localrule: True
     log:
         "logs/onerun_plot.log",
     conda:

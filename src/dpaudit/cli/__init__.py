@@ -18,7 +18,7 @@ from ..config import SpecError
 from ..io import DataNotFound
 
 #: Subcommand modules, in help order.
-COMMANDS = ("hw3", "accounting", "ridge", "jagielski", "tramer", "onerun")
+COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "tramer", "onerun", "report")
 
 
 def spec_arg(text: str) -> dict:
