@@ -16,9 +16,11 @@ ENV = "../../environment.yml"
 # The SLURM profile asks for one GPU per training job whatever the submitting node has.
 GPUS = torch.cuda.device_count()
 GPU_PER_JOB = 1 if GPUS else 0
-# Local runs: at most as many training jobs at once as there are GPUs (`--resources gpu=N`
-# overrides); a cluster executor requests GPUs per job instead.
-if workflow.local_exec and "gpu" not in workflow.global_resources:
+# At most as many training jobs at once as there are GPUs; `--resources gpu=N` overrides.
+# The executor is not known yet when this file is read, so a cluster profile must set its
+# own gpu limit (profiles/slurm does), or this cap (often 0 on a login node) would strip
+# the GPUs from the jobs it submits.
+if "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", GPUS)
 
 
