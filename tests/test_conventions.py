@@ -269,3 +269,14 @@ def test_report_holds_every_figure_with_its_caption(tmp_path):
     # captions are rendered with the config: the tiny run's 8 trials, its Tramer claim
     assert "8 trials per side" in index and "0.21" in index
     assert "How to read a bound" in index
+
+
+def test_md_html_renders_the_pipe_table(tmp_path):
+    from dpaudit.cli import main
+
+    md = tmp_path / "t.md"
+    md.write_text("Title line\n\n| eps_th | fixed, C=1 |\n|---|---|\n| 4 (1.55) | 0.90 (0.75) [0.41] |\n")
+    assert main(["md-html", "--md", str(md), "--out", str(tmp_path / "t.html")]) == 0
+    page = (tmp_path / "t.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<p>Title line</p>" in page
+    assert "<th>eps_th</th>" in page and "<td>0.90 (0.75) [0.41]</td>" in page
