@@ -2,23 +2,53 @@
 # Full reproduction:  snakemake --cores all
 # Quick (2 CPU cores, minutes):  snakemake --cores all --configfile config/quick.yaml
 # One figure:  snakemake --cores all figures/hw3_eps_vs_m.pdf
+# Report of every figure (after a run):  snakemake --report report.zip
 import os
 
-from snakemake.utils import min_version, validate
-
-from dpaudit.config import SCHEMA_PATH
+from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
+from snakemake.utils import min_version
 
 min_version("9.0")
+
+# The rule files build the experiment grids with dpaudit, in Snakemake's own process, so
+# dpaudit must be installed where snakemake runs (the rules call its `dpaudit` CLI).
+try:
+    from dpaudit.config import SpecError, validate_section
+except ImportError as err:
+    raise WorkflowError(
+        f"cannot import dpaudit ({err}): install the project into the environment that runs "
+        "snakemake, `pip install -e .` in the repository (README, Set up)"
+    )
+
+# Snakemake would build environment.yml from its own copy under .snakemake/conda/, where
+# the file's `pip install -e .` finds no project; the rules need dpaudit in Snakemake's
+# process anyway.  So one environment for both, made by hand (README, Set up).
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    raise WorkflowError(
+        "--sdm conda is not supported: create the environment once with `conda env create "
+        "-f environment.yml` at the repository root, `conda activate dpaudit`, and run "
+        "snakemake in it without --sdm conda"
+    )
 
 
 # Relative to this file, so `--directory` can point anywhere (results go there).
 configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
-validate(config, str(SCHEMA_PATH))
+# The project's validator, not snakemake.utils.validate: one line naming the key and what
+# is allowed instead of a dump of the schema.
+try:
+    validate_section(config)
+except SpecError as err:
+    raise WorkflowError(f"invalid config: {err}")
+
+
+report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
 include: "workflow/rules/hw3.smk"
 include: "workflow/rules/accounting.smk"
 include: "workflow/rules/ridge.smk"

@@ -278,3 +278,57 @@ def load_cifar100(root: str | os.PathLike | None = None, train: bool = True,
 def to_float(images: np.ndarray | torch.Tensor) -> torch.Tensor:
     """uint8 images -> float32 tensor in [0, 1] (the reference divides pixels by 255)."""
     return torch.as_tensor(images).to(torch.float32).div_(255)
+
+
+# ----------------------------------------------------------------------------- preparation
+
+def prepare_fmnist(root=None, download: bool = False,
+                   debian_dir: str | os.PathLike = FMNIST_DEBIAN_DIR) -> list[dict]:
+    """Make Fashion-MNIST readable at ``root`` (decompress, or download once) and read both
+    splits, so a corrupt or truncated copy fails here; one row per split."""
+    rows = []
+    for split, train in (("train", True), ("test", False)):
+        images, _ = fmnist_raw(root, train=train, download=download, debian_dir=debian_dir)
+        rows.append({"data_set": "fmnist", "split": split, "n": len(images),
+                     "source": str(_root(root) / "FashionMNIST" / "raw")})
+    return rows
+
+
+def _count_imagefolder(split_dir: Path) -> int:
+    """Images of an ImageFolder split, listed (not decoded); its folders must be CIFAR-10
+    class names."""
+    folder = _datasets().ImageFolder(split_dir, loader=lambda p: p)
+    unknown = set(folder.classes) - set(CIFAR10_CLASSES)
+    if unknown:
+        raise ValueError(f"{split_dir}: folders {sorted(unknown)} are not CIFAR-10 classes")
+    return len(folder.samples)
+
+
+def prepare_cifar(root=None, download: bool = False, tarball=None, cifar100_root=None) -> list[dict]:
+    """Make CIFAR-10 readable at ``root`` (torchvision's batches, downloaded once if need be
+    and md5-checked by torchvision, else the ImageFolder tree, unpacked from ``tarball``
+    once) and find CIFAR-100 for pretraining (optional: without it the extractor is
+    pretrained on CIFAR-10's other classes, :func:`dpaudit.features.pretraining_data`).
+    One row per split found."""
+    root = _root(root)
+    rows = []
+    for split, train in (("train", True), ("test", False)):
+        ds, error = _torchvision_cifar(_datasets().CIFAR10, root, train, download)
+        if ds is not None:
+            rows.append({"data_set": "cifar10", "split": split, "n": len(ds.targets),
+                         "source": "torchvision:" + str(root / "cifar-10-batches-py")})
+            continue
+        if tarball is not None:
+            ensure_extracted(tarball, root)
+        split_dir = root / split
+        if not split_dir.is_dir():
+            raise _cifar_missing("CIFAR-10", root, error,
+                                 f" and an ImageFolder tree {split_dir}/<class>/*")
+        rows.append({"data_set": "cifar10", "split": split,
+                     "n": _count_imagefolder(split_dir), "source": f"imagefolder:{split_dir}"})
+    root100 = _root(cifar100_root) if cifar100_root is not None else root
+    ds, _ = _torchvision_cifar(_datasets().CIFAR100, root100, True, download)
+    if ds is not None:
+        rows.append({"data_set": "cifar100", "split": "train", "n": len(ds.targets),
+                     "source": "torchvision:" + str(root100 / "cifar-100-python")})
+    return rows

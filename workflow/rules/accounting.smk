@@ -23,7 +23,13 @@ rule accounting_abadi_plot:
         "results/abadi_fig2.csv",
     output:
         pdf="figures/abadi_fig2.pdf",
-        png="figures/abadi_fig2.png",
+        png=report(
+            "figures/abadi_fig2.png",
+            caption="../report/abadi_fig2.rst",
+            category="Accountants",
+            subcategory="Abadi et al. 2016, Fig. 2",
+        ),
+    localrule: True
     log:
         "logs/accounting_abadi_plot.log",
     conda:
@@ -52,7 +58,13 @@ rule accounting_composition_plot:
         "results/composition.csv",
     output:
         pdf="figures/composition.pdf",
-        png="figures/composition.png",
+        png=report(
+            "figures/composition.png",
+            caption="../report/composition.rst",
+            category="Accountants",
+            subcategory="Composition",
+        ),
+    localrule: True
     log:
         "logs/accounting_composition_plot.log",
     conda:

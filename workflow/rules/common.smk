@@ -5,17 +5,22 @@ import shlex
 
 import torch
 
-# Every rule file appends the figures (PDF; a PNG is written beside each) it renders.
+# Every rule file appends the figures (PDF; a PNG is written beside each) it renders, and
+# the tables it adds to the report.
 FIGURES = []
+# What each rule runs in: the project's environment (README, Set up).  It documents the
+# software only; `--sdm conda` is refused in the Snakefile.
 ENV = "../../environment.yml"
 # The GPUs torch sees here. Training jobs each ask for GPU_PER_JOB GPUs (1 where there are
 # GPUs; 0 on a CPU-only machine, where they run as CPU jobs, as many as the cores allow).
 # The SLURM profile asks for one GPU per training job whatever the submitting node has.
 GPUS = torch.cuda.device_count()
 GPU_PER_JOB = 1 if GPUS else 0
-# Local runs: at most as many training jobs at once as there are GPUs (`--resources gpu=N`
-# overrides); a cluster executor requests GPUs per job instead.
-if workflow.local_exec and "gpu" not in workflow.global_resources:
+# At most as many training jobs at once as there are GPUs; `--resources gpu=N` overrides.
+# The executor is not known yet when this file is read, so a cluster profile must set its
+# own gpu limit (profiles/slurm does), or this cap (often 0 on a login node) would strip
+# the GPUs from the jobs it submits.
+if "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", GPUS)
 
 

@@ -27,9 +27,15 @@ rule hw3_plot:
         "results/hw3_eps_vs_{grid}.csv",
     output:
         pdf="figures/hw3_eps_vs_{grid}.pdf",
-        png="figures/hw3_eps_vs_{grid}.png",
+        png=report(
+            "figures/hw3_eps_vs_{grid}.png",
+            caption="../report/hw3.rst",
+            category="HW3: Gaussian sum, one run",
+            subcategory="eps_LB against {grid}",
+        ),
     wildcard_constraints:
         grid="eps|m|d",
+    localrule: True
     log:
         "logs/hw3_plot_{grid}.log",
     conda:

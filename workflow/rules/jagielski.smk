@@ -17,7 +17,11 @@ from dpaudit.experiments.jagielski import (
     train_spec,
 )
 
-FIGURES += ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
+FIGURES += [
+    "figures/jagielski_fig2.pdf",
+    "figures/jagielski_table2.pdf",
+    "results/jagielski_table2.html",
+]
 JAG = config["jagielski"]
 # The one-run audits compare with many-model cells of their own init.
 _ONERUN = config["onerun"] if config["onerun"]["compare_many_model"] else None
@@ -29,6 +33,8 @@ TABLE2_CELLS = [cell_path(*cell) for cell in GRID["table2"]]
 
 
 rule jagielski_task:
+    input:
+        "results/data/{dataset}.csv",
     output:
         "results/jagielski/task_{dataset}.npz",
     wildcard_constraints:
@@ -129,6 +135,7 @@ rule jagielski_fig2_table:
         scores=FIG2_CELLS,
         spec=AUDIT_SPEC,
         seed=config["seed"],
+    localrule: True
     log:
         "logs/jagielski_fig2_table.log",
     conda:
@@ -148,6 +155,7 @@ rule jagielski_table2_table:
         scores=TABLE2_CELLS,
         spec=AUDIT_SPEC,
         seed=config["seed"],
+    localrule: True
     log:
         "logs/jagielski_table2_table.log",
     conda:
@@ -162,9 +170,15 @@ rule jagielski_plot:
         "results/jagielski_{experiment}.csv",
     output:
         pdf="figures/jagielski_{experiment}.pdf",
-        png="figures/jagielski_{experiment}.png",
+        png=report(
+            "figures/jagielski_{experiment}.png",
+            caption="../report/jagielski_{experiment}.rst",
+            category="Jagielski et al. 2020",
+            subcategory="{experiment}",
+        ),
     wildcard_constraints:
         experiment="fig2|table2",
+    localrule: True
     log:
         "logs/jagielski_plot_{experiment}.log",
     conda:
@@ -172,6 +186,26 @@ rule jagielski_plot:
     shell:
         "dpaudit jagielski-plot --experiment {wildcards.experiment} --table {input}"
         " --out {output.pdf} 2> {log}"
+
+
+# Table 2 as a table in the report (which shows HTML, not Markdown).
+rule jagielski_table2_html:
+    input:
+        "results/jagielski_table2.md",
+    output:
+        report(
+            "results/jagielski_table2.html",
+            caption="../report/jagielski_table2_table.rst",
+            category="Jagielski et al. 2020",
+            subcategory="table2",
+        ),
+    localrule: True
+    log:
+        "logs/jagielski_table2_html.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit md-html --md {input} --out {output} 2> {log}"
 
 
 # Named targets: `snakemake jagielski_fig2` / `jagielski_table2`.
@@ -183,4 +217,4 @@ rule jagielski_fig2:
 rule jagielski_table2:
     input:
         "figures/jagielski_table2.pdf",
-        "results/jagielski_table2.md",
+        "results/jagielski_table2.html",

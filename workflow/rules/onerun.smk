@@ -49,6 +49,7 @@ rule onerun_many_model:
         scores=ONERUN_CELLS,
         spec=AUDIT_SPEC,
         seed=config["seed"],
+    localrule: True
     log:
         "logs/onerun_many_model.log",
     conda:
@@ -66,11 +67,17 @@ rule onerun_plot:
         ),
     output:
         pdf="figures/onerun_dpsgd.pdf",
-        png="figures/onerun_dpsgd.png",
+        png=report(
+            "figures/onerun_dpsgd.png",
+            caption="../report/onerun_dpsgd.rst",
+            category="One-run audits of DP-SGD",
+            subcategory="FMNIST, Figure 2 cells",
+        ),
     params:
         many_model=lambda wc, input: (
             f"--many-model {input.many_model}" if input.many_model else ""
         ),
+    localrule: True
     log:
         "logs/onerun_plot.log",
     conda:

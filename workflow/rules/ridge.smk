@@ -21,7 +21,13 @@ rule ridge_plot:
         "results/ridge_audit.csv",
     output:
         pdf="figures/ridge_audit.pdf",
-        png="figures/ridge_audit.png",
+        png=report(
+            "figures/ridge_audit.png",
+            caption="../report/ridge_audit.rst",
+            category="HW3: private ridge regression",
+            subcategory="eps_LB against eps",
+        ),
+    localrule: True
     log:
         "logs/ridge_plot.log",
     conda:

@@ -10,6 +10,8 @@ TRAMER_TABLE = {figure: table for table, (_, figure) in TRAMER.items()}
 
 
 rule tramer_audit:
+    input:
+        "results/data/fmnist.csv",
     output:
         table="results/{name}.csv",
         losses="results/{name}_losses.csv",
@@ -40,9 +42,15 @@ rule tramer_plot:
         losses=lambda wc: f"results/{TRAMER_TABLE[wc.figure]}_losses.csv",
     output:
         pdf="figures/{figure}_canary_losses.pdf",
-        png="figures/{figure}_canary_losses.png",
+        png=report(
+            "figures/{figure}_canary_losses.png",
+            caption="../report/tramer.rst",
+            category="Tramer et al. 2022",
+            subcategory="{figure}",
+        ),
     wildcard_constraints:
         figure="tramer|audit_user",
+    localrule: True
     log:
         "logs/{figure}_plot.log",
     conda:
@@ -50,6 +58,12 @@ rule tramer_plot:
     shell:
         "dpaudit tramer-plot --table {input.table} --losses {input.losses} "
         "--out {output.pdf} 2> {log}"
+
+
+# Named target: `snakemake tramer` (the rule `tramer_audit` has a wildcard: it is no target).
+rule tramer:
+    input:
+        "figures/tramer_canary_losses.pdf",
 
 
 # `snakemake --cores all audit_user`: the table and the figure of your implementation.

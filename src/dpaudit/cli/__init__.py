@@ -19,7 +19,7 @@ from ..device import DeviceUnavailable
 from ..io import DataNotFound
 
 #: Subcommand modules, in help order.
-COMMANDS = ("hw3", "accounting", "ridge", "jagielski", "tramer", "onerun")
+COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "tramer", "onerun", "report")
 
 
 def spec_arg(text: str) -> dict:

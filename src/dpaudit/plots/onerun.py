@@ -33,8 +33,9 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
     - black squares: the 1000-model audit's certified ClipBKD bound ``eps_lb`` (99%,
       Bonferroni over k; its neighbours replace a row) of the same cells,
       hollow grey: its best over k (the paper's statistic, not a 99% bound);
-    - bars: eps at the table's delta by PLD of each canary type's training (input canaries
-      add rows); without noise there is none.
+    - grey diamonds on a dotted line (filled: Dirac, labelled with the value; hollow:
+      input canaries, which add rows): eps at the table's delta by PLD of each canary
+      type's training; without noise there is none.
     """
     df, _ = read_table(table)
     df["eps_label"] = df.eps_label.map(eps_label)
@@ -52,15 +53,22 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
         th = sub.groupby(["canary", "eps_label"]).eps_pld.first()
         finite = th[np.isfinite(th)]
         top = float(finite.max()) if len(finite) else 1.0
-        for canary, style in (("input", "_"), ("dirac", "_")):
+        # eps by PLD as labelled diamonds on a dotted line: a value to read, not a tick
+        for canary, mfc in (("dirac", "#555555"), ("input", "none")):
             if canary not in th.index.get_level_values(0):
                 continue
             t = th[canary]
-            color = LINES[("input", "black-box") if canary == "input"
-                          else ("dirac", "last-iterate")][1]
-            ax.plot([x[e] for e in t.index], t.where(np.isfinite(t)).to_numpy(), style,
-                    color=color, ms=16, mew=2.5, alpha=0.7,
+            order = np.argsort([x[e] for e in t.index])
+            xs = np.array([x[e] for e in t.index])[order]
+            ys = t.where(np.isfinite(t)).to_numpy()[order]
+            ax.plot(xs, ys, "D:", color="#555555", mfc=mfc, ms=5, lw=1, zorder=1,
                     label=f"eps by PLD, {canary} canaries (none without noise)")
+            if canary == "dirac":
+                for xi, yi in zip(xs, ys):
+                    if np.isfinite(yi):
+                        ax.annotate(f"{yi:.3g}", (xi, yi), xytext=(6, 0),
+                                    textcoords="offset points", va="center", fontsize=7,
+                                    color="#555555")
         for (canary, threat), (name, color) in LINES.items():
             g = sub[(sub.canary == canary) & (sub.threat_model == threat)]
             if g.empty:
@@ -90,9 +98,9 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.05 * top))
         first = sub.iloc[0]
         ms = ", ".join(f"{int(g.m.iloc[0])} {c}" for c, g in sub.groupby("canary"))
-        ax.set(title=f"FMNIST {ARCH_NAMES[arch]}: m = {ms} canaries, "
-                     f"{sub.repeat.nunique()} runs per cell",
-               xlabel=f"eps_th label (delta = {first.delta:g})",
+        ax.set_title(f"FMNIST {ARCH_NAMES[arch]}\nm = {ms} canaries, "
+                     f"{sub.repeat.nunique()} runs per cell", fontsize=9)
+        ax.set(xlabel=f"eps_th label (delta = {first.delta:g})",
                ylabel="empirical eps lower bound")
     handles = {}
     for ax in axes[0]:

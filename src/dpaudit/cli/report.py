@@ -1,0 +1,36 @@
+"""``dpaudit md-html``: a Markdown result table as a standalone HTML page, for the
+Snakemake report (which shows HTML inline but offers Markdown only as a download)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+#: A plain, readable table inside the report's frame.
+STYLE = """body { font-family: sans-serif; font-size: 14px; margin: 1em; }
+table { border-collapse: collapse; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+thead th { background: #f0f0f0; }"""
+
+
+def md_page(text: str, title: str) -> str:
+    """``text`` (Markdown with pipe tables) as a complete HTML page."""
+    import markdown
+
+    body = markdown.markdown(text, extensions=["tables"])
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
+            f"</title><style>\n{STYLE}\n</style></head>\n<body>\n{body}\n</body></html>\n")
+
+
+def _md_html(args) -> None:
+    from ..io import write_text
+
+    write_text(md_page(args.md.read_text(), args.md.stem), args.out)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("md-html", help="a Markdown table as an HTML page (the report)")
+    p.add_argument("--md", type=Path, required=True, help="Markdown file")
+    p.add_argument("--out", type=Path, required=True, help="HTML file")
+    p.set_defaults(func=_md_html)
