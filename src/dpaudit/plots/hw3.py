@@ -85,8 +85,8 @@ def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> No
                  rf"$\delta$={df.delta.iloc[0]:g}, $\beta$={df.beta.iloc[0]:g}); "
                  f"mean of {df.repeat.nunique()} repeats, band = min-max of the "
                  r"$(\varepsilon,\delta)$ bound", fontsize=10, y=1.04)
-    axes[0, 0].set_ylabel(r"$\varepsilon$: means of per-run 95% lower bounds, estimate, "
-                          r"true $\varepsilon(\delta)$")
+    axes[0, 0].set_ylabel(r"$\varepsilon$: mean of per-run 95% bounds; true "
+                          r"$\varepsilon(\delta)$")
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper center", ncol=2,
                bbox_to_anchor=(0.5, 0.0))
     save(fig, out)
