@@ -10,6 +10,7 @@ exceed the truth in at most alpha of the audits plus 3 binomial standard errors.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -207,6 +208,26 @@ def test_invalid_one_run_and_threshold_inputs():
     (lambda: clopper_pearson(11, 10, 0.05), "0 <= ct <= n"),
     (lambda: mu_lb_gdp(1, 4, 0.5, 4), "ct_neg=0.5"),
     (lambda: bounds.delta_from_mu(np.nan, 1.0), "mu=nan"),
+    # the last bad inputs: each was accepted, or raised TypeError / ZeroDivisionError
+    (lambda: bounds.delta_from_mu(1.0, -1.0), "eps=-1.0"),  # was 0.679
+    (lambda: bounds.delta_from_mu(-0.5, 1.0), "mu=-0.5"),
+    (lambda: bounds.delta_from_mu("1", 1.0), "mu='1'"),
+    (lambda: bounds.delta_from_mu(1.0, "x"), "eps='x'"),
+    (lambda: eps_lb_one_run(0, 0, 0), "m=0"),  # was 0.0
+    (lambda: bounds.eps_lb_one_run_fdp(0, 0, 0, 1e-5), "m=0"),
+    (lambda: bounds.guess_counts([3.0, 2, 1, 0], [1, np.nan, 1, 0], 2), "included"),
+    (lambda: bounds.guess_counts([3.0, 2, 1, 0], [1, 2, 1, 0], 2), "included"),
+    (lambda: bounds.guess_counts([3.0, 2, 1, 0], [-1, 0, 1, 1], 2), "included"),
+    (lambda: bounds.guess_counts([3.0, 2, 1, 0], ["a", "b", "a", "b"], 2), "included"),
+    (lambda: bounds.guess_counts([3.0, 2, 1, 0], [1, 0, 1, 0], 1.5), "k_max=1.5"),
+    (lambda: bounds.guess_counts([3.0, 2, 1, 0], [1, 0, 1, 0], "2"), "k_max='2'"),
+    (lambda: bounds.guess_counts([3.0, 2, 1, 0], [1, 0, 1, 0], 0), "k_max=0"),
+    (lambda: bounds.guess_counts([3.0], [1], 1), "scores"),
+    (lambda: bounds.one_run_sweep(10, [], 1e-5), "correct"),
+    (lambda: bounds.one_run_sweep(10, np.zeros((3, 0)), 1e-5), "correct"),
+    (lambda: bounds.one_run_sweep(10, [2, 4], 1e-5, ks=[2, 1]), "ks"),
+    (lambda: bounds.one_run_sweep(10, [2, 4], 1e-5, ks=[3]), "ks"),
+    (lambda: bounds.guess_grid(2.5), "k_max=2.5"),
     (lambda: eps_from_mu(np.nan, 1e-5), "mu=nan"),
     (lambda: threshold_split_audit([], [0, 1], eps_lb_clopper_pearson, 0.05), "scores_pos"),
     (lambda: threshold_scan_audit([0, 1], [np.nan] * 3, eps_lb_clopper_pearson, 0.05),
@@ -376,24 +397,104 @@ def test_guess_counts_match_the_homework_definition():
         bounds.guess_counts(scores, S, 21)
 
 
+def test_guess_grid_is_fixed_in_advance():
+    # By hand: k_min = 4 (4^-4 = 0.0039 <= 0.05 / 10 < 4^-3), then round(4 (K/4)^(j/9))
+    np.testing.assert_array_equal(bounds.guess_grid(500), [4, 7, 12, 20, 34, 58, 100, 171,
+                                                           292, 500])
+    np.testing.assert_array_equal(bounds.guess_grid(50), [4, 5, 7, 9, 12, 16, 22, 29, 38, 50])
+    np.testing.assert_array_equal(bounds.guess_grid(10), [4, 5, 6, 7, 8, 9, 10])
+    np.testing.assert_array_equal(bounds.guess_grid(4), [4])
+    np.testing.assert_array_equal(bounds.guess_grid(2), [2])  # too few to certify anything
+    for beta, size in ((0.05, 10), (1e-3, 10), (0.05, 3), (1e-10, 5)):
+        k_min = int(bounds.guess_grid(10**6, beta, size)[0])
+        assert 4.0 ** -k_min <= beta / size < 4.0 ** -(k_min - 1)
+    for K in range(1, 3000, 37):
+        grid = bounds.guess_grid(K)
+        assert 1 <= len(grid) <= bounds.GUESS_GRID_SIZE == 10 and grid[-1] == K
+        assert np.all(np.diff(grid) > 0)
+    # nothing but (k_max, beta, size) goes in: the signature is the proof it is not data-chosen
+    assert list(inspect.signature(bounds.guess_grid).parameters) == ["k_max", "beta", "size"]
+
+
 def test_one_run_sweep_bonferroni_closed_form():
     # all 2k guesses right: P[Bin(2k, q) >= 2k] = q^(2k) = level -> eps = logit(level^(1/2k)),
-    # largest at the largest k
+    # largest at the largest tested k; level = beta / 10, the 10 counts of guess_grid(50)
     K, m, beta = 50, 1000, 0.05
     correct = 2 * np.arange(1, K + 1)
     res = bounds.one_run_sweep(m, correct, DELTA, beta)
-    assert res["eps_lb_pure"] == pytest.approx(special.logit((beta / K) ** (1 / (2 * K))), rel=1e-9)
+    level = beta / 10
+    assert res["eps_lb_pure"] == pytest.approx(special.logit(level ** (1 / (2 * K))), rel=1e-9)
+    assert res["eps_lb_pure"] == pytest.approx(2.9112, abs=1e-4)  # 2.6378 at beta / K = 1e-3
     assert res["eps_hat_max"] == pytest.approx(special.logit(beta ** (1 / (2 * K))), rel=1e-9)
     assert res["best_k"] == K and res["correct"] == 2 * K
     assert 0 < res["eps_lb"] <= res["eps_lb_pure"]
-    # Hoeffding: q* = 1 - sqrt(ln(K/beta) / (2 * 2k)), also largest at k = K
-    q_star = 1 - math.sqrt(math.log(K / beta) / (4 * K))
+    # Hoeffding: q* = 1 - sqrt(ln(10/beta) / (2 * 2k)), also largest at k = K
+    q_star = 1 - math.sqrt(math.log(10 / beta) / (4 * K))
     assert res["eps_lb_pure_hoeffding"] == pytest.approx(special.logit(q_star), rel=1e-12)
-    assert res["eps_lb_pure_hoeffding"] == pytest.approx(1.4772, abs=1e-4)
     assert 0 < res["eps_lb_pure_hoeffding"] < res["eps_lb_pure"]
     # the f-DP columns: [MMC25] at the same k and level, called directly
-    level = beta / K
     assert res["eps_lb_fdp"] == pytest.approx(bounds.eps_lb_one_run_fdp(m, 2 * K, 2 * K, DELTA,
                                                                        level))
     assert res["mu_lb"] == pytest.approx(bounds.mu_lb_one_run_gdp(m, 2 * K, 2 * K, level))
     assert res["eps_gdp"] == pytest.approx(eps_from_mu(res["mu_lb"], DELTA))
+    # counts given by the caller: Bonferroni over exactly those (two here: beta / 2)
+    two = bounds.one_run_sweep(m, correct, DELTA, beta, ks=[10, 50])
+    assert two["eps_lb_pure"] == pytest.approx(special.logit((beta / 2) ** (1 / 100)), rel=1e-9)
+
+
+def test_one_run_sweep_tests_only_the_grid(monkeypatch):
+    """All 2k guesses right up to k = 150 (not a grid count), half right beyond: the best
+    count overall is off the grid and must not be used; every bound is evaluated at grid
+    counts only, whatever the guesses."""
+    m, K, beta = 1000, 500, 0.05
+    k = np.arange(1, K + 1)
+    correct = np.where(k <= 150, 2 * k, 300 + (k - 150))
+    grid = [4, 7, 12, 20, 34, 58, 100, 171, 292, 500]
+    seen = []
+    fdp = bounds.eps_lb_one_run_fdp
+    monkeypatch.setattr(bounds, "eps_lb_one_run_fdp",
+                        lambda m_, r, v, d, b: seen.append((r, b)) or fdp(m_, r, v, d, b))
+    res = bounds.one_run_sweep(m, correct, DELTA, beta)
+    at = {g: eps_lb_one_run(m, 2 * g, correct[g - 1], 0.0, beta / 10) for g in grid}
+    assert res["eps_lb_pure"] == pytest.approx(max(at.values()), rel=1e-12)
+    assert res["eps_lb_pure"] < eps_lb_one_run(m, 300, 300, 0.0, beta / 10)  # k = 150 unused
+    assert res["best_k"] == 100 and seen  # all 200 right: 3.62 (171: 321 of 342 right)
+    assert all(r // 2 in grid and b == beta / 10 for r, b in seen)
+
+
+def test_one_run_sweep_is_sound_on_randomized_response():
+    """Randomized response at eps = 1 on each canary (eps-DP, so (eps, delta)-DP for every
+    delta; the mechanism whose binomial tail the bounds are exact for): every certified
+    column exceeds eps in at most beta of the audits (plus 3 binomial standard errors).
+    The same simulation flags the max over the grid of bounds each at beta (no
+    Bonferroni), so it can tell a missing correction."""
+    rng = np.random.default_rng(1)
+    m, eps, reps, beta = 200, 1.0, 400, 0.05
+    S = rng.random((reps, m)) < 0.5
+    told = rng.random((reps, m)) < special.expit(eps)  # the true membership is released
+    scores = np.where(told, S, ~S) + 0.5 * rng.random((reps, m))  # random order within ties
+    counts = np.stack([bounds.guess_counts(sc, s, m // 2) for sc, s in zip(scores, S)])
+    res = bounds.one_run_sweep(m, counts, 1e-5, beta)
+    slack = 3 * math.sqrt(beta * (1 - beta) / reps)
+    for col in ("eps_lb_pure", "eps_lb", "eps_lb_fdp", "eps_lb_pure_hoeffding"):
+        assert np.mean(res[col] > eps) <= beta + slack, col
+    assert np.all(res["eps_lb"] <= res["eps_lb_pure"]) and np.all(res["eps_lb_fdp"] <=
+                                                                   res["eps_lb_pure"])
+    assert 0.4 < res["eps_lb_pure"].mean() < eps  # not vacuous: 0.58 measured
+    ks = bounds.guess_grid(m // 2)
+    uncorrected = np.asarray(eps_lb_one_run(m, 2 * ks, counts[:, ks - 1], 0.0, beta)).max(-1)
+    assert np.mean(uncorrected > eps) > beta + slack  # 0.13 measured
+    assert np.mean(res["eps_hat_max"] > eps) > beta + slack  # the homework's max: 0.24
+
+
+def test_valid_edge_inputs_of_the_one_run_helpers():
+    # delta(0) of mu-GDP is the total variation Phi(mu/2) - Phi(-mu/2); 0 at mu = 0 and at
+    # eps = inf; 0/1 and -1/+1 memberships and bools count alike
+    assert bounds.delta_from_mu(1.0, 0.0) == pytest.approx(2 * stats.norm.cdf(0.5) - 1)
+    assert bounds.delta_from_mu(0.0, 1.0) == 0.0 and bounds.delta_from_mu(1.0, math.inf) == 0.0
+    scores = [3.0, 2, 1, 0]
+    expected = [2, 3]  # k = 1: both right; k = 2: the 2nd highest (out) guessed in
+    for inc in ([1, 0, 1, 0], [1, -1, 1, -1], [True, False, True, False]):
+        np.testing.assert_array_equal(bounds.guess_counts(scores, inc, 2), [2, 2])
+    np.testing.assert_array_equal(bounds.guess_counts(scores, [1, 0, 0, 0], 2), expected)
+    np.testing.assert_array_equal(bounds.guess_counts(scores, [1, 1, 0, 0], np.int64(2)), [2, 4])

@@ -181,15 +181,29 @@ def test_bad_spec_names_the_key(path, value, message, capsys, tmp_path):
     assert message in capsys.readouterr().err and not out.exists()
 
 
-def test_eps_lb_matches_direct_bound_call():
-    # eps_lb is the max over k of eps_lb_one_run at beta / K (no private re-implementation)
+def test_eps_lb_matches_direct_bound_calls_on_the_fixed_grid():
+    # The certified columns are the max over the fixed grid of guess counts of the bound
+    # functions at beta / 10 (no private re-implementation; the skipping of counts whose
+    # pure bound cannot win changes nothing).  The grid, by hand: round(4 * 8^(j/9)),
+    # j = 0..9 (k = 4 is the first whose 8 right guesses reject eps = 0 at 0.005).
     sc = ga.canary_scores(64, 500, (2, 0))
     counts = bounds.guess_counts(sc.scores(0.4), sc.signs, 32)
     res = bounds.one_run_sweep(64, counts, DELTA)
-    direct = [eps_lb_one_run(64, 2 * k, counts[k - 1], 0.0, 0.05 / 32) for k in range(1, 33)]
+    ks = [4, 5, 6, 8, 10, 13, 16, 20, 25, 32]
+    np.testing.assert_array_equal(bounds.guess_grid(32), ks)
+    level = 0.05 / len(ks)
+    direct = [eps_lb_one_run(64, 2 * k, counts[k - 1], 0.0, level) for k in ks]
     assert res["eps_lb_pure"] == pytest.approx(max(direct), rel=1e-12)
-    assert res["best_k"] == int(np.argmax(direct)) + 1
-    # eps_lb_hoeffding: the max over k of the closed form at beta / K, chosen independently
-    hoeff = [eps_lb_hoeffding(2 * k, counts[k - 1], 0.05 / 32) for k in range(1, 33)]
+    lb = [eps_lb_one_run(64, 2 * k, counts[k - 1], DELTA, level) for k in ks]
+    fdp = [bounds.eps_lb_one_run_fdp(64, 2 * k, counts[k - 1], DELTA, level) for k in ks]
+    assert res["eps_lb"] == max(lb) > 0 and res["eps_lb_fdp"] == max(fdp) > 0
+    best = ks[int(np.argmax(fdp))]
+    assert res["best_k"] == best and res["correct"] == counts[best - 1]
+    assert res["mu_lb"] == bounds.mu_lb_one_run_gdp(64, 2 * best, counts[best - 1], level)
+    # the homework's estimate stays the max over every k = 1..32, each at beta
+    hw = [eps_lb_one_run(64, 2 * k, counts[k - 1], 0.0, 0.05) for k in range(1, 33)]
+    assert res["eps_hat_max"] == pytest.approx(max(hw), rel=1e-12)
+    # eps_lb_hoeffding: the max over the grid of the closed form at the same level
+    hoeff = [eps_lb_hoeffding(2 * k, counts[k - 1], level) for k in ks]
     assert res["eps_lb_pure_hoeffding"] == pytest.approx(max(hoeff), rel=1e-12)
     assert 0 < res["eps_lb_pure_hoeffding"] <= res["eps_lb_pure"]

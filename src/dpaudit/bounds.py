@@ -49,6 +49,8 @@ __all__ = [
     "scores_array",
     "ThresholdAudit",
     "threshold_holdout_audit",
+    "GUESS_GRID_SIZE",
+    "guess_grid",
     "guess_counts",
     "one_run_sweep",
     "SWEEP_COLUMNS",
@@ -212,11 +214,16 @@ def mu_lb_gdp(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.05):
 def delta_from_mu(mu: float, eps: float) -> float:
     """delta(eps) of mu-GDP: ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``.
 
-    [DRS19] Corollary 2.13; evaluated in log space so large eps does not overflow.
+    [DRS19] Corollary 2.13; evaluated in log space so large eps does not overflow.  Needs
+    ``mu >= 0`` (0 at ``mu = 0``) and ``eps >= 0`` (the formula is no privacy profile
+    below 0); a ValueError names a bad argument.
     """
-    if np.isnan(mu) or np.isnan(eps):
-        raise ValueError(f"mu={mu!r}, eps={eps!r}: must be numbers, not NaN")
-    if mu <= 0:
+    for name, value in (("mu", mu), ("eps", eps)):
+        a = np.asarray(value)
+        if a.ndim or a.dtype == bool or not np.issubdtype(a.dtype, np.number) or not a >= 0:
+            raise ValueError(f"{name}={value!r}: must be a number >= 0")  # NaN fails too
+    mu, eps = float(mu), float(eps)
+    if mu == 0 or eps == math.inf:
         return 0.0
     a = special.log_ndtr(-eps / mu + mu / 2)
     b = eps + special.log_ndtr(-eps / mu - mu / 2)
@@ -269,12 +276,15 @@ def _one_run_pvalue(m: int, r: int, v: int, eps: float, delta: float) -> float:
 
 
 def _one_run_counts(m, r, v):
-    """m, r, v of a one-run audit as int64 arrays: whole numbers with 0 <= v <= r <= m."""
+    """m, r, v of a one-run audit as int64 arrays: whole numbers with 0 <= v <= r <= m, m >= 1."""
+    given = m, r, v
     m, r, v = _whole("m", m), _whole("r", r), _whole("v", v)
+    if np.any(m < 1):
+        raise ValueError(f"m={given[0]!r}: must be >= 1 (the number of canaries)")
     if np.any(r < 0) or np.any(r > m):
-        raise ValueError(f"r={r!r}: must satisfy 0 <= r <= m (m={m!r})")
+        raise ValueError(f"r={given[1]!r}: must satisfy 0 <= r <= m (m={given[0]!r})")
     if np.any(v < 0) or np.any(v > r):
-        raise ValueError(f"v={v!r}: must satisfy 0 <= v <= r (r={r!r})")
+        raise ValueError(f"v={given[2]!r}: must satisfy 0 <= v <= r (r={given[1]!r})")
     return m, r, v
 
 
@@ -480,8 +490,6 @@ def _fdp_args(m, r, v, beta) -> tuple[int, int, int]:
         if np.ndim(a):
             raise ValueError(f"{name}={a!r}: must be a scalar")
     m, r, v = (int(a) for a in _one_run_counts(m, r, v))
-    if m < 1:
-        raise ValueError(f"m={m!r}: must be >= 1 (the number of canaries)")
     _check_level("beta", beta)
     return m, r, v
 
@@ -618,18 +626,61 @@ def eps_lb_one_run_fdp(m, r, v, delta: float, beta: float = 0.05) -> float:
 
 # ---- one-run audits: the guess sweep ---------------------------------------------------
 
-def guess_counts(scores, included, k_max: int) -> np.ndarray:
+#: Most guess counts a one-run audit tests (:func:`guess_grid`); each is tested at
+#: ``beta / (number tested)``.
+GUESS_GRID_SIZE = 10
+
+
+def _check_k_max(k_max) -> int:
+    k = _whole("k_max", k_max)
+    if k.ndim or k < 1:
+        raise ValueError(f"k_max={k_max!r}: must be an integer >= 1")
+    return int(k)
+
+
+def guess_grid(k_max, beta: float = 0.05, size: int = GUESS_GRID_SIZE) -> np.ndarray:
+    """The guess counts ``k`` a one-run audit tests, fixed before any score is seen: ``size``
+    points geometric from ``k_min`` to ``k_max``, rounded, duplicates dropped (so at most
+    ``size``; just ``[k_max]`` when ``k_max <= k_min``).
+
+    ``k_min`` is the least k whose ``2k`` guesses, all right, can reject eps = 0 at
+    ``beta / size``: ``P[Bin(2k, 1/2) = 2k] = 4^-k <= beta / size``; fewer guesses can
+    certify nothing.  A function of ``k_max``, ``beta`` and ``size`` only, so testing every
+    count at ``beta / len(grid)`` is a union bound over a set chosen in advance (testing
+    every k = 1..K at beta / K instead costs a factor K / 10 in level: at m = 1000 and
+    delta = 1e-5 Steinke et al.'s ``2 m delta`` term then exceeds the level).
+    """
+    k_max = _check_k_max(k_max)
+    _check_level("beta", beta)
+    size = int(_check_k_max(size))  # a whole number >= 1, like k_max
+    k_min = max(1, math.ceil(math.log(size / beta) / math.log(4)))
+    if k_max <= k_min:
+        return np.array([k_max])
+    return np.unique(np.round(np.geomspace(k_min, k_max, size)).astype(np.int64))
+
+
+def guess_counts(scores, included, k_max) -> np.ndarray:
     """Correct guesses ``v_k`` for ``k = 1..k_max``: the ``k`` highest scores guessed "in",
     the ``k`` lowest "out" (``r = 2k`` guesses; the HW3 homework's ``m1 = m2 = k``).
     ``scores`` is ``(..., m)`` (higher = "in"), ``included`` the ``m`` true memberships
-    (bool, or signs with +1 = in); needs ``k_max <= m // 2`` so the two sets are disjoint."""
+    (bool, 0/1, or signs with +1 = in); needs ``k_max <= m // 2`` so the two sets are
+    disjoint.  A ValueError names a bad argument."""
     scores = np.asarray(scores, dtype=float)
+    if scores.ndim == 0 or scores.shape[-1] < 2:
+        raise ValueError(f"scores has shape {scores.shape}: need (..., m) with m >= 2")
     if np.isnan(scores).any():
         raise ValueError(f"scores has {int(np.isnan(scores).sum())} NaN entries")
     included = np.asarray(included)
     if included.shape != scores.shape[-1:]:
         raise ValueError(f"included has shape {included.shape}: need ({scores.shape[-1]},)")
-    if not 1 <= k_max <= scores.shape[-1] // 2:
+    if included.dtype != bool:
+        values = set(np.unique(included).tolist()) if np.issubdtype(
+            included.dtype, np.number) else None
+        if values is None or not (values <= {0, 1} or values <= {-1, 1}):
+            raise ValueError(f"included has values {sorted(values) if values else included.dtype}"
+                             f": must be bool, 0/1 or -1/+1 (+1 = in)")
+    k_max = _check_k_max(k_max)
+    if k_max > scores.shape[-1] // 2:
         raise ValueError(f"k_max={k_max}: must lie in [1, m//2={scores.shape[-1] // 2}]")
     inc = included[np.argsort(-scores, axis=-1, kind="stable")] > 0
     return np.cumsum(inc[..., :k_max], axis=-1) + np.cumsum(~inc[..., ::-1][..., :k_max], axis=-1)
@@ -637,54 +688,91 @@ def guess_counts(scores, included, k_max: int) -> np.ndarray:
 
 #: What each column of :func:`one_run_sweep` is (figures, tables and docs say the same).
 SWEEP_COLUMNS = {
-    "eps_lb": "certified (eps, delta) lower bound at 1 - beta: [SNJ23] Appendix D at "
-              "beta / K, at the k chosen by eps_lb_pure (Bonferroni over the K guess counts)",
+    "eps_lb": "certified (eps, delta) lower bound at 1 - beta: [SNJ23] Appendix D, the "
+              "largest over the G guess counts of guess_grid, each at beta / G (Bonferroni)",
     "eps_lb_fdp": "certified (eps, delta) lower bound at 1 - beta by the f-DP analysis of "
-                  "[MMC25], same level and k",
+                  "[MMC25], same guess counts and level",
     "mu_lb": "certified mu-GDP lower bound at 1 - beta ([MMC25] with Gaussian trade-off "
-             "curves), same level and k",
+             "curves), same level, at best_k (the tested count of the largest eps_lb_fdp)",
     "eps_gdp": "estimate: eps at delta of mu_lb, assuming the mechanism is exactly mu-GDP",
-    "eps_lb_pure": "certified pure-eps lower bound at 1 - beta: the largest over k of "
-                   "[SNJ23] Theorem 1 at beta / K; not comparable with an eps at delta > 0",
+    "eps_lb_pure": "certified pure-eps lower bound at 1 - beta: [SNJ23] Theorem 1, same "
+                   "guess counts and level; not comparable with an eps at delta > 0",
     "eps_lb_pure_hoeffding": "certified pure-eps lower bound in closed form (Hoeffding), "
-                             "same Bonferroni; never above eps_lb_pure",
-    "eps_hat_max": "estimate: the HW3 homework's answer, the largest over k of pure-eps bounds "
-                   "each at 1 - beta; a maximum of K bounds, not a 1 - beta bound",
+                             "same guess counts and level; never above eps_lb_pure",
+    "eps_hat_max": "estimate: the HW3 homework's answer, the largest over every k = 1..K of "
+                   "pure-eps bounds each at 1 - beta; a maximum of K bounds, not a 1 - beta "
+                   "bound",
 }
 
 
-def one_run_sweep(m: int, correct, delta: float, beta: float = 0.05) -> dict:
-    """The bounds of a one-run audit from the correct guesses ``correct`` ``(..., K)`` of the
-    sweep ``k = 1..K`` (``r = 2k`` guesses each, :func:`guess_counts`).
+def _largest_below(bound: Callable[[int, int], float], r: np.ndarray, v: np.ndarray,
+                   cap: np.ndarray) -> tuple[float, int]:
+    """``max_j bound(r_j, v_j)`` (and its first ``j``) for a bound never above ``cap_j``:
+    the counts in decreasing order of ``cap``, stopping once no cap can beat the best, so
+    the result equals the full maximum at a fraction of its cost (``j`` of the largest cap
+    when every bound is 0)."""
+    best, at = 0.0, int(np.argmax(cap))
+    for j in np.argsort(-cap, kind="stable"):
+        if cap[j] <= best:
+            break
+        b = bound(int(r[j]), int(v[j]))
+        if b > best:
+            best, at = b, int(j)
+    return best, at
 
-    Every certified column holds at ``1 - beta``: the K guess counts are a data-chosen
-    choice, paid for by evaluating each at ``beta / K`` (union bound).  Columns
-    (:data:`SWEEP_COLUMNS`): ``eps_lb``, ``eps_lb_fdp``, ``mu_lb``, ``eps_gdp``,
-    ``eps_lb_pure``, ``eps_lb_pure_hoeffding``, ``eps_hat_max``; ``best_k`` (the k of the
-    certified columns) and ``correct`` there.  The (eps, delta) and f-DP bounds are computed
-    once per audit, at the k that maximizes the closed-form pure bound, so a sweep over 500
-    guess counts costs a handful of bisections.
+
+def one_run_sweep(m, correct, delta: float, beta: float = 0.05, ks=None) -> dict:
+    """The bounds of a one-run audit from the correct guesses ``correct`` ``(..., K)`` of
+    ``k = 1..K`` (``r = 2k`` guesses each, :func:`guess_counts`).
+
+    The certified columns test only the ``G`` guess counts ``ks`` (default
+    :func:`guess_grid` of ``K`` and ``beta``, fixed in advance), each at ``beta / G``: a
+    union bound over exactly what is tested, so the largest bound over them, and any
+    bound at a count chosen by looking at them, holds at ``1 - beta``.  ``ks`` must not
+    depend on the audited scores.  Columns (:data:`SWEEP_COLUMNS`): ``eps_lb_pure``,
+    ``eps_lb_pure_hoeffding``, ``eps_lb`` and ``eps_lb_fdp``, each the largest over the
+    tested counts; ``mu_lb`` and ``eps_gdp`` at ``best_k``, the tested count of the largest
+    ``eps_lb_fdp`` (of the largest ``eps_lb_pure`` when that is 0), with ``correct`` its
+    correct guesses; ``eps_hat_max``, the homework's maximum over every k (an estimate).
+    Both (eps, delta) bounds are at most the pure-eps bound of the same guesses (a larger
+    delta rejects less; at delta = 0 the binomial tail is exact for randomized response),
+    so counts whose pure bound cannot beat the best so far are skipped.
     """
+    _check_delta(delta)
+    _check_level("beta", beta)
     correct = np.asarray(correct)
+    if correct.ndim == 0 or correct.size == 0:
+        raise ValueError(f"correct has shape {correct.shape}: need (..., K) correct guesses "
+                         f"of k = 1..K, K >= 1")
     K = correct.shape[-1]
-    r = np.broadcast_to(2 * np.arange(1, K + 1), correct.shape)
-    level = beta / K
-    hat = np.asarray(eps_lb_one_run(m, r, correct, 0.0, beta))
-    pure = np.asarray(eps_lb_one_run(m, r, correct, 0.0, level))
-    best = pure.argmax(axis=-1)
-    v_best = np.take_along_axis(correct, best[..., None], -1)[..., 0]
-    at_best = [(2 * (k + 1), int(v)) for k, v in zip(best.ravel(), v_best.ravel())]
-    mu = np.reshape([mu_lb_one_run_gdp(m, rr, v, level) for rr, v in at_best], best.shape)
+    if ks is None:
+        ks = guess_grid(K, beta)
+    else:
+        ks = _whole("ks", ks)
+        if ks.ndim != 1 or np.any(np.diff(ks) <= 0) or ks[0] < 1 or ks[-1] > K:
+            raise ValueError(f"ks={ks!r}: must be increasing guess counts in [1, K={K}]")
+    level = beta / len(ks)
+    hat = np.asarray(eps_lb_one_run(m, 2 * np.arange(1, K + 1), correct, 0.0, beta))
+    r, v = 2 * ks, correct[..., ks - 1]
+    pure = np.asarray(eps_lb_one_run(m, np.broadcast_to(r, v.shape), v, 0.0, level))
+    shape = v.shape[:-1]
+    lb, fdp, mu = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    best = np.zeros(shape, dtype=np.int64)
+    for i in np.ndindex(shape):
+        lb[i], _ = _largest_below(lambda rr, vv: eps_lb_one_run(m, rr, vv, delta, level),
+                                  r, v[i], pure[i])
+        fdp[i], best[i] = _largest_below(
+            lambda rr, vv: eps_lb_one_run_fdp(m, rr, vv, delta, level), r, v[i], pure[i])
+        mu[i] = mu_lb_one_run_gdp(m, int(r[best[i]]), int(v[i][best[i]]), level)
     return {
-        "eps_lb": np.reshape([eps_lb_one_run(m, rr, v, delta, level) for rr, v in at_best],
-                             best.shape),
-        "eps_lb_fdp": np.reshape([eps_lb_one_run_fdp(m, rr, v, delta, level)
-                                  for rr, v in at_best], best.shape),
+        "eps_lb": lb,
+        "eps_lb_fdp": fdp,
         "mu_lb": mu,
         "eps_gdp": np.vectorize(lambda x: eps_gdp_estimate(x, delta), otypes=[float])(mu),
         "eps_lb_pure": pure.max(axis=-1),
-        "eps_lb_pure_hoeffding": np.asarray(eps_lb_hoeffding(r, correct, level)).max(axis=-1),
+        "eps_lb_pure_hoeffding": np.asarray(eps_lb_hoeffding(np.broadcast_to(r, v.shape), v,
+                                                             level)).max(axis=-1),
         "eps_hat_max": hat.max(axis=-1),
-        "best_k": best + 1,
-        "correct": v_best,
+        "best_k": ks[best],
+        "correct": np.take_along_axis(v, best[..., None], -1)[..., 0],
     }

@@ -20,8 +20,11 @@ sigma 0.3315 is really (18.3, 1e-6)-DP.
 Audit (Steinke, Nasr & Jagielski 2023, Alg. 1, as in the homework).  Data set ``{0_d}``;
 ``m`` canaries uniform on the unit sphere, canary ``i`` included iff the Rademacher sign
 ``S_i = +1``; ``theta = sum_{S_j=+1} x_j + sigma z`` with ``z ~ N(0, I_d)``; score
-``f_i = x_i^T theta``.  For ``k = m1 = m2 = 1 .. min(m//2, max_m1)`` guess the ``k``
+``f_i = x_i^T theta``.  For ``k = m1 = m2 = 1 .. K = min(m//2, max_m1)`` guess the ``k``
 highest scores IN and the ``k`` lowest OUT; ``v_k`` of the ``r = 2k`` guesses are right.
+The certified bounds test the at most 10 ``k`` of :func:`dpaudit.bounds.guess_grid`
+(geometric up to K, fixed in advance, each at beta / their number); the homework's
+estimate takes the largest over every k.
 
 Exact computation without the ``m x d`` matrix.  ``f_i = a_i + sigma b_i`` with
 ``a_i = x_i^T u``, ``u = sum_{S_j=+1} x_j`` and ``b_i = x_i^T z``.  Canaries come in

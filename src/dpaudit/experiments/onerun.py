@@ -3,7 +3,8 @@ Mahloujifar, Melis, Chaudhuri 2025), on the FMNIST task of Jagielski et al. 2020
 
 One training run audits m canaries at once: canary j is included with probability 1/2
 (independently), the model is trained once, every canary is scored (higher = "in"), the
-auditor guesses the k highest "in" and the k lowest "out" for every k of a sweep, and
+auditor guesses the k highest "in" and the k lowest "out" for the at most 10 k of
+:func:`dpaudit.bounds.guess_grid` (fixed in advance), and
 :func:`dpaudit.bounds.one_run_sweep` turns the correct guesses into bounds. Canary types:
 
 ``input`` (black box)

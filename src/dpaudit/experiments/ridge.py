@@ -180,9 +180,10 @@ def one_run_audit(X, y, Xc, yc, lam: float, R: float, B: float, rho: float,
     toggling one ``S_i`` is an add/remove neighbour inside the domain of
     :func:`release` and the (eps, delta) guarantee applies per canary, as the theorem
     requires.  Score ``f_i = sign(y_i) x_i^T (theta - theta*(D))`` (the auditor knows
-    ``D``).  Guessing the ``k`` highest in and the ``k`` lowest out, for every
-    ``k = 1..m//2``, gives the bounds of :func:`dpaudit.bounds.one_run_sweep`: ``eps_lb``,
-    the (eps, delta) bound at ``1 - beta`` (Bonferroni over k), is the one reported and
+    ``D``).  Guessing the ``k`` highest in and the ``k`` lowest out, for ``k`` on the grid
+    of :func:`dpaudit.bounds.guess_grid` (at most 10 counts up to ``m//2``, fixed in
+    advance), gives the bounds of :func:`dpaudit.bounds.one_run_sweep`: ``eps_lb``, the
+    (eps, delta) bound at ``1 - beta`` (Bonferroni over the tested k), is the one reported and
     plotted against the theoretical eps; ``eps_hat_max`` is the homework-style maximum,
     kept only for comparison.
     """

@@ -13,17 +13,20 @@ _XLABEL = {"eps": r"target $\varepsilon$ of the calibration", "m": "number of ca
 _QUESTION = {"eps": "Q2.1", "m": "Q2.2", "d": "Q2.3"}
 _TITLE = {"classical": r"classical $\sigma=\sqrt{2\ln(1.25/\delta)}/\varepsilon$",
           "analytic": r"analytic $\sigma$ (Balle-Wang, exact)"}
-#: Legend labels, one per line: what each line is and whether it is a 95% bound.
+#: Legend labels, one per line: what each line is and whether it is a 95% bound.  Every
+#: line is a mean over repeats: of per-run 95% bounds, which is no 95% bound itself.
 LABELS = {
     "true": r"true $\varepsilon(\delta)$ of the calibrated $\sigma$",
-    "eps_lb": r"$(\varepsilon,\delta)$ lower bound, 95% (Steinke et al. App. D, "
-              r"Bonferroni over $m_1$)",
-    "eps_lb_fdp": r"$(\varepsilon,\delta)$ lower bound, 95% (f-DP analysis of Mahloujifar "
-                  r"et al.)",
-    "eps_hat_max": r"homework's $\hat\varepsilon$: max over $m_1$ (an estimate, not a 95% bound)",
-    "eps_lb_pure": r"pure-$\varepsilon$ lower bound, 95% (not comparable with $\varepsilon(\delta)$)",
-    "eps_lb_pure_hoeffding": r"pure-$\varepsilon$ Hoeffding closed form, 95% "
-                             r"(Bonferroni over $m_1$)",
+    "eps_lb": r"$(\varepsilon,\delta)$ lower bound, mean of per-run 95% bounds (Steinke et "
+              r"al. App. D, Bonferroni over the $m_1$ grid)",
+    "eps_lb_fdp": r"$(\varepsilon,\delta)$ lower bound, mean of per-run 95% bounds (f-DP "
+                  r"analysis of Mahloujifar et al.)",
+    "eps_hat_max": r"homework's $\hat\varepsilon$: max over every $m_1$, mean over runs (an "
+                   r"estimate, not a 95% bound)",
+    "eps_lb_pure": r"pure-$\varepsilon$ lower bound, mean of per-run 95% bounds (not "
+                   r"comparable with $\varepsilon(\delta)$)",
+    "eps_lb_pure_hoeffding": r"pure-$\varepsilon$ Hoeffding closed form, mean of per-run 95% "
+                             r"bounds (Bonferroni over the $m_1$ grid)",
 }
 
 
@@ -32,14 +35,15 @@ def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> No
     line is the mean over repeats (columns: :data:`dpaudit.bounds.SWEEP_COLUMNS`):
 
     - solid, thick, min-max band over repeats: ``eps_lb``, the (eps, delta) lower bound of
-      Steinke, Nasr & Jagielski (2023) App. D (valid 95%); the primary line, comparable
-      with the true eps(delta);
+      Steinke, Nasr & Jagielski (2023) App. D (each run's valid at 95%; their mean is no
+      95% bound); the primary line, comparable with the true eps(delta);
     - dash-dot, diamonds: ``eps_lb_fdp``, the (eps, delta) bound of the f-DP analysis of
       Mahloujifar, Melis & Chaudhuri (2025), same guesses and level (valid 95%);
     - dotted black: the true eps at the table's delta of the calibrated sigma;
-    - dashed, open squares: ``eps_hat_max``, the homework's largest eps-hat over m1, each at
-      95% (an estimate: the maximum is no 95% bound);
-    - thin solid: ``eps_lb_pure``, the pure-eps bound with Bonferroni over m1 (valid 95% for
+    - dashed, open squares: ``eps_hat_max``, the homework's largest eps-hat over every m1,
+      each at 95% (an estimate: the maximum is no 95% bound);
+    - thin solid: ``eps_lb_pure``, the pure-eps bound with Bonferroni over the m1 grid
+      (:func:`dpaudit.bounds.guess_grid`; valid 95% for
       pure eps-DP, which the Gaussian mechanism is not: not comparable with eps(delta));
     - thin dash-dot: ``eps_lb_pure_hoeffding``, the closed-form Hoeffding pure-eps bound
       (valid 95%, looser than ``eps_lb_pure``).
@@ -81,7 +85,7 @@ def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> No
                  rf"$\delta$={df.delta.iloc[0]:g}, $\beta$={df.beta.iloc[0]:g}); "
                  f"mean of {df.repeat.nunique()} repeats, band = min-max of the "
                  r"$(\varepsilon,\delta)$ bound", fontsize=10, y=1.04)
-    axes[0, 0].set_ylabel(r"$\varepsilon$: lower bounds (95%), estimate, and true "
+    axes[0, 0].set_ylabel(r"$\varepsilon$: mean of per-run 95% bounds; true "
                           r"$\varepsilon(\delta)$")
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper center", ncol=2,
                bbox_to_anchor=(0.5, 0.0))

@@ -11,8 +11,8 @@ from .style import COLORS, figure, save
 
 
 def plot_audit(table: str | os.PathLike, out: str | os.PathLike) -> None:
-    """``eps_lb`` (the (eps, delta) bound at 95%, Bonferroni over k; mean over repeats,
-    min-max bars) against the theoretical eps at the audit's delta, once per zCDP->DP
+    """``eps_lb`` (the (eps, delta) bound at 95%, Bonferroni over the tested k; mean over
+    repeats of these per-run bounds, which is no 95% bound itself; min-max bars) against the theoretical eps at the audit's delta, once per zCDP->DP
     conversion; ``eps_lb_fdp`` (f-DP analysis) and the homework-style ``eps_hat_max``
     (an estimate) against the exact conversion; the ``y = x`` line."""
     df, _ = read_table(table)
@@ -24,13 +24,15 @@ def plot_audit(table: str | os.PathLike, out: str | os.PathLike) -> None:
     fig, ax = figure()
     err = np.vstack([g.lb - g.lo, g.hi - g.lb])
     ax.errorbar(g.exact, g.lb, yerr=err, fmt="o-", color=COLORS["empirical"], capsize=2,
-                label=r"$\hat\varepsilon$ vs. exact GDP conversion (tight)")
+                label=r"$\hat\varepsilon$ (App. D) vs. exact GDP conversion (tight)")
     ax.errorbar(g.bs, g.lb, yerr=err, fmt="s--", color=COLORS["analytic"], capsize=2,
-                mfc="none", label=r"$\hat\varepsilon$ vs. Bun-Steinke $\rho+2\sqrt{\rho\ln(1/\delta)}$")
+                mfc="none", label=r"$\hat\varepsilon$ (App. D) vs. Bun-Steinke $\rho+2\sqrt{\rho\ln(1/\delta)}$")
     ax.plot(g.exact, g.fdp, "D-.", color="#ff7f0e", ms=3.5,
-            label=r"f-DP $(\varepsilon,\delta)$ bound, 95% (Mahloujifar et al.) vs. exact")
+            label=r"f-DP $(\varepsilon,\delta)$ bound, mean of per-run 95% bounds "
+                  r"(Mahloujifar et al.) vs. exact")
     ax.plot(g.exact, g.nominal, "^:", color=COLORS["empirical"], alpha=0.6,
-            label=r"pure $\varepsilon$, max over $k$ at 95% each (an estimate) vs. exact")
+            label=r"pure $\varepsilon$, max over every $k$ at 95% each, mean over runs "
+                  r"(an estimate) vs. exact")
     top = float(max(g.bs.max(), g.exact.max()))
     ax.plot([0, top], [0, top], color=COLORS["theory"], lw=1, label="$y = x$")
     for rho, x, y in zip(g.rho, g.exact, g.lb):
@@ -40,7 +42,7 @@ def plot_audit(table: str | os.PathLike, out: str | os.PathLike) -> None:
                     fontsize=6)
     first = df.iloc[0]
     ax.set_xlabel(r"theoretical $\varepsilon$ at $\delta$ = " + f"{first.delta:g}")
-    ax.set_ylabel(r"empirical lower bound $\hat\varepsilon$ (95%)")
+    ax.set_ylabel(r"$\hat\varepsilon$: mean of per-run 95% lower bounds")
     ax.set_title(f"Ridge output perturbation: one-run audit\n(m={int(first.m)}, "
                  f"d={int(first.d)}, n={int(first.n)}, {df.repeat.nunique()} repeats)")
     ax.set_ylim(bottom=0)
