@@ -18,7 +18,7 @@ from ..config import SpecError
 from ..io import DataNotFound
 
 #: Subcommand modules, in help order.
-COMMANDS = ("hw3", "accounting", "ridge", "jagielski", "tramer", "onerun")
+COMMANDS = ("hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun")
 
 
 def spec_arg(text: str) -> dict:

@@ -486,19 +486,19 @@ def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
                                   grp.sort_values("trial")[stat], 2)
         cp = partial(_cp, delta=delta, k=int(k))
         split = bounds.threshold_split_audit(pos, neg, cp, alpha, select_frac)
-        eval_pos, eval_neg = bounds.split_trials(pos, neg, select_frac)[2:]
         row = {"statistic": stat, "k": int(k), "eps_lb": split.value,
                "threshold": split.threshold, "tpr": split.ct_pos / split.n_pos,
                "fpr": split.ct_neg / split.n_neg, "n_eval_pos": split.n_pos,
-               "n_eval_neg": split.n_neg,
-               **{name: bounds.tpr_at_fpr(eval_pos, eval_neg, level)
-                  for name, level in ROC_LEVELS.items()},
-               "auc": bounds.auc(eval_pos, eval_neg)}
+               "n_eval_neg": split.n_neg}
         if not split_only:
             counts = (split.ct_pos, split.n_pos, split.ct_neg, split.n_neg, alpha, delta, int(k))
+            eval_pos, eval_neg = bounds.split_trials(pos, neg, select_frac)[2:]
             scan = bounds.threshold_scan_audit(pos, neg, cp, alpha)
             gdp = bounds.threshold_split_audit(pos, neg, bounds.mu_lb_gdp, alpha, select_frac)
-            row.update(eps_lb_katz=bounds.eps_lb_katz(*counts),
+            row.update({name: bounds.tpr_at_fpr(eval_pos, eval_neg, level)
+                        for name, level in ROC_LEVELS.items()},
+                       auc=bounds.auc(eval_pos, eval_neg),
+                       eps_lb_katz=bounds.eps_lb_katz(*counts),
                        eps_lb_bayes=bounds.eps_lb_bayes(*counts),
                        eps_lb_scan=scan.value, mu_lb_group=gdp.value, mu_lb=gdp.value / k,
                        eps_lb_gdp=bounds.eps_gdp_estimate(gdp.value / k, delta))
@@ -556,7 +556,8 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
     mu_lb = float(bonf.mu_lb.max())
     row = {"eps_lb_best_k": float(best.eps_lb), "best_k": int(best.k), "tpr": float(best.tpr),
            "fpr": float(best.fpr), "threshold": float(best.threshold),
-           **{name: float(best[name]) for name in [*ROC_LEVELS, "auc"]},
+           **{name: float(bonf.loc[bonf.k == best.k, name].iloc[0])
+              for name in [*ROC_LEVELS, "auc"]},  # of the evaluation trials: any level
            "eps_lb": float(bonf.eps_lb.max()), "eps_lb_scan": float(bonf.eps_lb_scan.max()),
            "mu_lb": mu_lb, "eps_lb_gdp": bounds.eps_gdp_estimate(mu_lb, delta),
            "eps_lb_katz": float(bonf.eps_lb_katz.max()),
