@@ -1,13 +1,16 @@
 """Audit statistics: from attack outcomes to empirical lower bounds on epsilon.
 
-Pure functions (numpy/scipy, no torch), kept apart from training as in jax_privacy's
-``auditing.py``.  Conventions: a *positive* trial trains on the data set with the canary
-(D1), a *negative* one without it (D0); the attack says "canary in" when a trial's score
-exceeds the threshold.  ``ct_pos`` of ``n_pos`` positive and ``ct_neg`` of ``n_neg``
-negative trials said "in", so ``ct_pos / n_pos`` estimates the TPR and ``ct_neg / n_neg``
-the FPR.  Every bound here holds with probability at least ``1 - alpha`` (or ``1 - beta``)
-over the trials: it exceeds the mechanism's true epsilon at most that often, which
-``tests/test_bounds.py`` checks by simulation.
+Pure functions (numpy, scipy, statsmodels; no torch), kept apart from training as in
+jax_privacy's ``auditing.py``.  Conventions: a *positive* trial trains on the data set
+with the canary (D1), a *negative* one without it (D0); the attack says "canary in" when
+a trial's score exceeds the threshold.  ``ct_pos`` of ``n_pos`` positive and ``ct_neg``
+of ``n_neg`` negative trials said "in", so ``ct_pos / n_pos`` estimates the TPR and
+``ct_neg / n_neg`` the FPR.  Every bound here holds with probability at least
+``1 - alpha`` (or ``1 - beta``) over the trials: it exceeds the mechanism's true epsilon
+at most that often, which ``tests/test_bounds.py`` checks by simulation.  Two
+exceptions, named so wherever they appear: :func:`eps_lb_katz` is approximate (an
+asymptotic interval) and :func:`eps_lb_bayes` is the lower end of a Bayesian credible
+interval, not a confidence bound.
 
 The counting functions broadcast over array arguments and return a float for scalar input.
 

@@ -26,7 +26,10 @@ def _run(args) -> None:
             raise SpecError(f"{path}: not a score table of jagielski-train (no 'cell' in its "
                             "provenance)")
         tables.append((scores, prov["cell"]))
-    say = lambda msg: print(f"dpaudit trials-needed: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+
+    def say(msg: str) -> None:
+        print(f"dpaudit trials-needed: {msg}", file=sys.stderr, flush=True)
+
     table = tn.study(tables, audit["alpha"], audit["delta"], audit["select_frac"],
                      spec["n_min"], spec["n_points"], spec["subsamples"], args.seed, say)
     summ = tn.summary(table, spec["fraction"])

@@ -105,7 +105,7 @@ def summary(table: pd.DataFrame, fraction: float) -> pd.DataFrame:
         grp = grp.sort_values("n")
         for method in METHODS:
             full = float(grp[method].iloc[-1])
-            reached = grp.n[grp[method] >= fraction * full] if full > 0 else pd.Series([], dtype=int)
+            reached = grp.n[grp[method] >= fraction * full] if full > 0 else grp.n[:0]
             out.append({**dict(zip(keys, cell)), "method": method,
                         "n_full": int(grp.n.iloc[-1]), "full": full,
                         "n_needed": int(reached.iloc[0]) if len(reached) else math.nan})
