@@ -3,17 +3,18 @@
 from dpaudit.experiments.trials_needed import cells as trials_needed_cells
 
 FIGURES.append("figures/trials_needed.pdf")
-TN_CELLS = [cell_path(*c) for c in trials_needed_cells(config["trials_needed"], JAG, _ONERUN)]
+TN_CELLS = trials_needed_cells(config["trials_needed"], JAG, _ONERUN)
 
 
 rule trials_needed_table:
     input:
-        TN_CELLS,
+        group_dirs(TN_CELLS),
     output:
         table="results/trials_needed.csv",
         summary="results/trials_needed_summary.csv",
         md="results/trials_needed.md",
     params:
+        scores=[cell_path(*c) for c in TN_CELLS],
         spec=spec("trials_needed"),
         audit=AUDIT_SPEC,
         seed=config["seed"],
@@ -22,7 +23,7 @@ rule trials_needed_table:
     conda:
         ENV
     shell:
-        "dpaudit trials-needed --scores {input} --spec {params.spec} --audit {params.audit}"
+        "dpaudit trials-needed --scores {params.scores} --spec {params.spec} --audit {params.audit}"
         " --seed {params.seed} --out {output.table} --summary {output.summary}"
         " --md {output.md} 2> {log}"
 
