@@ -53,6 +53,7 @@ include: "workflow/rules/hw3.smk"
 include: "workflow/rules/accounting.smk"
 include: "workflow/rules/ridge.smk"
 include: "workflow/rules/jagielski.smk"
+include: "workflow/rules/trials_needed.smk"
 include: "workflow/rules/onerun.smk"
 include: "workflow/rules/tramer.smk"
 

@@ -150,6 +150,18 @@ def test_audit_losses_counts_below_threshold():
     assert row["threshold"] == pytest.approx(0.6)
     assert (row["ct_pos"], row["ct_neg"]) == (3, 1)
     assert (row["tpr"], row["fpr"]) == (0.75, 0.25)
+    # the attack's ROC on the evaluation losses (score = -loss): 13 of 16 pairs ordered;
+    # with 4 runs without the canary FPR <= 1% allows no false positive: only loss 0 < 0.3
+    assert row["auc"] == pytest.approx(13 / 16)
+    assert row["tpr_at_fpr_1pct"] == row["tpr_at_fpr_0_1pct"] == 0.25
+
+
+def test_katz_and_bayes_beside_the_verdict_on_the_lectures_counts():
+    row = tramer.audit_counts(4922, 10**5, 174, 10**5, EPS, DELTA)
+    assert row["verdict"] == tramer.VIOLATES
+    # at 1 - 1e-10 all three read the same counts within 10 % (the posterior is narrow)
+    for column in ("eps_lb_katz", "eps_lb_bayes"):
+        assert row[column] == pytest.approx(row["eps_lb"], rel=0.1), column
 
 
 def test_predict_with_wrong_shape_is_a_contract_error():

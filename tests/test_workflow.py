@@ -19,7 +19,8 @@ from dpaudit.io import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ["hw3_eps_vs_eps", "hw3_eps_vs_m", "hw3_eps_vs_d", "abadi_fig2", "composition",
-           "ridge_audit", "jagielski_fig2", "jagielski_table2", "tramer_canary_losses"]
+           "ridge_audit", "jagielski_fig2", "jagielski_table2", "trials_needed",
+           "tramer_canary_losses"]
 
 
 def snakemake(*args, cwd=ROOT, timeout=900):
@@ -195,11 +196,13 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     jag["fig2"].update(archs=["lr"], eps=["4"], init=1.0)
     jag["table2"].update(clips=[1.0], inits=["fixed", 1.0], eps=["4"])
     cfg["onerun"]["eps"] = ["4"]  # the one-run comparison's labels are trained too
-    targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf"]
+    cfg["trials_needed"].update(eps=["4"], n_min=4, n_points=2, subsamples=2)
+    targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf",
+               "figures/trials_needed.pdf"]
     out = snakemake(*targets, "--cores", "2", "--directory", str(tmp_path), "--configfile",
                     str(write_config(tmp_path, cfg)))
     assert out.returncode == 0, out.stderr
-    for name in ("jagielski_fig2", "jagielski_table2"):
+    for name in ("jagielski_fig2", "jagielski_table2", "trials_needed"):
         for ext in ("pdf", "png"):
             assert (tmp_path / f"figures/{name}.{ext}").stat().st_size > 0
     fig2, meta = read_table(tmp_path / "results/jagielski_fig2.csv")
@@ -208,6 +211,10 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     assert set(fig2.attack) == {"mi", "backdoor", "clipbkd"}
     assert fig2.eps_th.gt(0).all() and (fig2.trials == 8).all()
     assert (fig2.eps_lb_best_k >= fig2.eps_lb).all() and (fig2.eps_lb >= 0).all()
+    for column in ("eps_lb_katz", "eps_lb_bayes", "tpr_at_fpr_0_1pct", "tpr_at_fpr_1pct", "auc"):
+        assert (fig2[column] >= 0).all(), column
+    needed, _ = read_table(tmp_path / "results/trials_needed.csv")
+    assert sorted(needed.n.unique()) == [4, 8] and len(needed) == 2 * 2
     cifar = fig2[fig2.dataset == "cifar"]
     assert cifar.pretrained_on.str.startswith("cifar10-other-classes").all()
     md = (tmp_path / "results/jagielski_table2.md").read_text()

@@ -1,13 +1,16 @@
 """Audit statistics: from attack outcomes to empirical lower bounds on epsilon.
 
-Pure functions (numpy/scipy, no torch), kept apart from training as in jax_privacy's
-``auditing.py``.  Conventions: a *positive* trial trains on the data set with the canary
-(D1), a *negative* one without it (D0); the attack says "canary in" when a trial's score
-exceeds the threshold.  ``ct_pos`` of ``n_pos`` positive and ``ct_neg`` of ``n_neg``
-negative trials said "in", so ``ct_pos / n_pos`` estimates the TPR and ``ct_neg / n_neg``
-the FPR.  Every bound here holds with probability at least ``1 - alpha`` (or ``1 - beta``)
-over the trials: it exceeds the mechanism's true epsilon at most that often, which
-``tests/test_bounds.py`` checks by simulation.
+Pure functions (numpy, scipy, statsmodels; no torch), kept apart from training as in
+jax_privacy's ``auditing.py``.  Conventions: a *positive* trial trains on the data set
+with the canary (D1), a *negative* one without it (D0); the attack says "canary in" when
+a trial's score exceeds the threshold.  ``ct_pos`` of ``n_pos`` positive and ``ct_neg``
+of ``n_neg`` negative trials said "in", so ``ct_pos / n_pos`` estimates the TPR and
+``ct_neg / n_neg`` the FPR.  Every bound here holds with probability at least
+``1 - alpha`` (or ``1 - beta``) over the trials: it exceeds the mechanism's true epsilon
+at most that often, which ``tests/test_bounds.py`` checks by simulation.  Two
+exceptions, named so wherever they appear: :func:`eps_lb_katz` is approximate (an
+asymptotic interval) and :func:`eps_lb_bayes` is the lower end of a Bayesian credible
+interval, not a confidence bound.
 
 The counting functions broadcast over array arguments and return a float for scalar input.
 
@@ -24,20 +27,31 @@ References
   and Appendix D (eps, delta).
 - [MMC25] Mahloujifar, Melis, Chaudhuri. Auditing f-Differential Privacy in One Run.
   ICML 2025 (arXiv:2410.22235): the one-run guessing-game bound for any f-DP curve.
+- [KBAS78] Katz, Baptista, Azen, Pike. Obtaining Confidence Intervals for the Risk Ratio
+  in Cohort Studies. Biometrics 1978: the log interval for a ratio of two proportions.
+- [ZBJ+23] Zanella-Beguelin, Wutschitz, Tople, Salem, Ruehle, Paverd, Naseri, Koepf,
+  Jones. Bayesian Estimation of Differential Privacy. ICML 2023.
+- [CCN+22] Carlini, Chien, Nasr, Song, Terzis, Tramer. Membership Inference Attacks From
+  First Principles. IEEE S&P 2022: attacks compared by TPR at low FPR.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache, partial
 from typing import Callable
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import integrate, optimize, special, stats
 
 __all__ = [
     "clopper_pearson",
     "eps_lb_clopper_pearson",
+    "eps_lb_katz",
+    "eps_lb_bayes",
+    "tpr_at_fpr",
+    "auc",
     "mu_lb_gdp",
     "eps_from_mu",
     "eps_gdp_estimate",
@@ -54,6 +68,7 @@ __all__ = [
     "guess_counts",
     "one_run_sweep",
     "SWEEP_COLUMNS",
+    "split_trials",
     "threshold_split_audit",
     "threshold_scan_audit",
 ]
@@ -191,6 +206,155 @@ def eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.01,
     eps = np.maximum(_eps_from_rates(p1_lo, p0_hi, delta, k),
                      _eps_from_rates(1 - p0_hi, 1 - p1_lo, delta, k))
     return _scalar_or_array(eps)
+
+
+def _katz_ratio_lo(ct1, n1, ct2, n2, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Lower end of the two-sided ``1 - alpha`` Katz interval for ``p1 / p2`` (a one-sided
+    bound at ``alpha / 2``) and the estimate of ``p2`` it used, by statsmodels'
+    ``confint_proportions_2indep(compare="ratio")``: method ``"log"`` ([KBAS78]), or
+    ``"log-adjusted"`` (0.5 added to counts and totals) where a count is 0, at which the
+    plain log interval is undefined."""
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    ct1, n1, ct2, n2 = (a.astype(float) for a in np.broadcast_arrays(ct1, n1, ct2, n2))
+    zero = (ct1 == 0) | (ct2 == 0)
+    half = np.where(zero, 0.5, 0.0)
+    lo = np.empty(ct1.shape)
+    for method, where in (("log", ~zero), ("log-adjusted", zero)):
+        if where.any():
+            lo[where] = confint_proportions_2indep(ct1[where], n1[where], ct2[where],
+                                                   n2[where], method=method, compare="ratio",
+                                                   alpha=alpha)[0]
+    return lo, (ct2 + half) / (n2 + half)
+
+
+def eps_lb_katz(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.01, delta: float = 0.0,
+                k: int = 1):
+    """APPROXIMATE epsilon lower bound from Katz log intervals for risk ratios ([KBAS78]).
+
+    The CSCI 699 lecture's "directly bound log((1 - delta - beta) / alpha) using Log-Katz
+    confidence intervals": instead of one interval per rate (:func:`eps_lb_clopper_pearson`),
+    one asymptotic interval for each ratio, ``TPR / FPR`` (counts ``ct_pos/n_pos`` over
+    ``ct_neg/n_neg``) and, for the complementary event, ``TNR / FNR``, each lower end
+    one-sided at ``alpha / 2`` (the two hold together at ``1 - alpha``, as in the
+    Clopper-Pearson function).  With ``R_lo`` such a lower end and ``q`` the estimate of the
+    denominator rate, the bound is the largest eps refuted by ``R_lo q > e^{k eps} q +
+    delta_k(eps)`` (group privacy for k rows, [JUO20] Lemma 1): ``ln(R_lo) / k`` at
+    ``delta = 0``, and ``ln(R_lo - delta / q)`` at ``k = 1``; delta enters through the
+    point estimate ``q``.  A zero count uses statsmodels' ``"log-adjusted"`` interval (0.5
+    added to counts and totals).
+
+    The interval is a normal approximation on the log scale, so the level ``1 - alpha`` is
+    only asymptotic: with few trials or counts near 0 it can exceed the truth more often
+    than ``alpha`` (coverage measured in ``benchmarks/coverage.py``, docs/statistics.md).
+    Report it as approximate, never as certified.  Returns 0 when nothing can be claimed.
+    """
+    ct_pos, n_pos, ct_neg, n_neg = _check_counts(ct_pos, n_pos, ct_neg, n_neg)
+    _check_level("alpha", alpha)
+    _check_delta(delta)
+    k = _check_k(k)
+    r_in, fpr = _katz_ratio_lo(ct_pos, n_pos, ct_neg, n_neg, alpha)
+    r_out, fnr = _katz_ratio_lo(n_neg - ct_neg, n_neg, n_pos - ct_pos, n_pos, alpha)
+    eps = np.maximum(_eps_from_rates(r_in * fpr, fpr, delta, k),
+                     _eps_from_rates(r_out * fnr, fnr, delta, k))
+    return _scalar_or_array(eps)
+
+
+#: Quantile of each Jeffreys posterior beyond which :func:`eps_lb_bayes` ignores its mass.
+_BAYES_TAIL = 1e-18
+
+
+def _bayes_cdf(e: float, fpr: tuple[float, float], fnr: tuple[float, float], delta: float,
+               k: int) -> float:
+    """Posterior ``P[eps(FPR, FNR) <= e]`` for ``FPR ~ Beta(*fpr)``, ``FNR ~ Beta(*fnr)``.
+
+    ``eps(x, y) <= e`` iff both ``y >= (1 - d - x) e^{-E}`` and ``y >= 1 - d - e^E x`` with
+    ``E = k e``, ``d = delta_k(e)`` (each side of the refuting inequality increases in e).
+    The region is symmetric in x and y, so ``P = integral f_X(x) P[Y >= g(x)] dx`` with either
+    rate as X; the more concentrated posterior is integrated over (scipy's adaptive
+    ``quad``, breakpoints at the kink of g and the posterior mean), the other enters through
+    its regularized incomplete beta function.
+    """
+    E = k * e
+    d = float(_group_delta(np.asarray(e), k, delta)) if delta else 0.0
+    up, down = math.exp(E), math.exp(-E)
+    var = lambda a, b: a * b / ((a + b) ** 2 * (a + b + 1))  # noqa: E731
+    (ax, bx), (ay, by) = (fpr, fnr) if var(*fpr) <= var(*fnr) else (fnr, fpr)
+    log_norm, a1, b1 = float(special.betaln(ax, bx)), ax - 1.0, bx - 1.0
+    sf_y = partial(special.betainc, by, ay)  # P[Y >= g] = sf_y(1 - g) for Y ~ Beta(ay, by)
+
+    def integrand(x: float) -> float:  # 0 < lo < x < hi < 1: plain logs (speed)
+        g = max((1.0 - d - x) * down, 1.0 - d - up * x, 0.0)
+        if g >= 1.0:
+            return 0.0
+        return math.exp(a1 * math.log(x) + b1 * math.log1p(-x) - log_norm) * sf_y(1.0 - g)
+
+    lo = special.betaincinv(ax, bx, _BAYES_TAIL)
+    hi = 1.0 - special.betaincinv(bx, ax, _BAYES_TAIL)
+    points = [p for p in ((1.0 - d) / (up + 1.0), ax / (ax + bx)) if lo < p < hi]
+    return integrate.quad(integrand, lo, hi, points=points or None, limit=200, epsabs=0.0,
+                          epsrel=1e-6)[0]
+
+
+@lru_cache(maxsize=65536)
+def _bayes_scalar(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, alpha: float,
+                  delta: float, k: int) -> float:
+    fpr = (ct_neg + 0.5, n_neg - ct_neg + 0.5)
+    fnr = (n_pos - ct_pos + 0.5, ct_pos + 0.5)
+    excess = lambda e: _bayes_cdf(e, fpr, fnr, delta, k) - alpha  # noqa: E731
+    if excess(0.0) >= 0.0:
+        return 0.0
+    hi = 1.0
+    while excess(hi) < 0.0:
+        hi *= 2.0
+    return float(optimize.brentq(excess, hi / 2 if hi > 1.0 else 0.0, hi, xtol=1e-5,
+                                 rtol=1e-5))
+
+
+def eps_lb_bayes(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.01, delta: float = 0.0,
+                 k: int = 1):
+    """Lower end of a one-sided ``1 - alpha`` Bayesian CREDIBLE INTERVAL for epsilon ([ZBJ+23]).
+
+    Independent Jeffreys posteriors ``FPR ~ Beta(ct_neg + 1/2, n_neg - ct_neg + 1/2)`` and
+    ``FNR ~ Beta(n_pos - ct_pos + 1/2, ct_pos + 1/2)``, and the epsilon they imply,
+    ``eps(FPR, FNR) = max(0, ln((1 - delta - FPR) / FNR), ln((1 - delta - FNR) / FPR))``; the
+    result is the ``alpha``-quantile of its posterior.  For a group of ``k`` rows the same
+    refutation as :func:`eps_lb_clopper_pearson`: ``eps`` solves ``1 - delta_k(eps) - FPR
+    = e^{k eps} FNR`` (or the same with the rates swapped), ``ln(...) / k`` at delta = 0.
+
+    The posterior CDF is computed by numerical integration (:func:`_bayes_cdf`, mass beyond
+    the 1e-18 quantiles of each posterior ignored) and inverted by Brent's method (to 1e-5
+    relative).  It is a statement about the posterior under these priors, not a frequentist
+    confidence bound: say "credible interval", never "confidence bound".  Broadcasts; each
+    distinct scalar call is cached.
+    """
+    ct_pos, n_pos, ct_neg, n_neg = _check_counts(ct_pos, n_pos, ct_neg, n_neg)
+    _check_level("alpha", alpha)
+    _check_delta(delta)
+    k = _check_k(k)
+    args = np.broadcast_arrays(ct_pos, n_pos, ct_neg, n_neg)
+    out = np.array([_bayes_scalar(int(a), int(b), int(c), int(d), float(alpha),
+                                  float(delta), k) for a, b, c, d in zip(*map(np.ravel, args))])
+    return _scalar_or_array(out.reshape(args[0].shape))
+
+
+def tpr_at_fpr(scores_pos, scores_neg, max_fpr: float) -> float:
+    """The largest TPR of a decision "score > t" whose FPR is at most ``max_fpr``, over every
+    threshold t ([CCN+22]'s measure; one point of the empirical ROC curve).  With ``n``
+    negative scores, an FPR of at most ``max_fpr`` allows ``floor(max_fpr n)`` false
+    positives: none when ``n < 1 / max_fpr``."""
+    sp, sn = _as_scores(scores_pos, scores_neg)
+    _check_level("max_fpr", max_fpr)
+    allowed = math.floor(max_fpr * len(sn) + 1e-9)
+    t = np.sort(sn)[::-1][allowed] if allowed < len(sn) else -np.inf  # the first not allowed
+    return float(np.mean(sp > t))
+
+
+def auc(scores_pos, scores_neg) -> float:
+    """Area under the empirical ROC curve: ``P[score_pos > score_neg] + P[tie] / 2``, the
+    Mann-Whitney U statistic over ``n_pos n_neg`` (``scipy.stats.mannwhitneyu``)."""
+    sp, sn = _as_scores(scores_pos, scores_neg)
+    return float(stats.mannwhitneyu(sp, sn).statistic / (len(sp) * len(sn)))
 
 
 def mu_lb_gdp(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.05):
@@ -435,13 +599,20 @@ def threshold_split_audit(scores_pos, scores_neg, bound: Bound, alpha: float,
     is the reference code's procedure ([JUO20], ``audit.py``: 500 trials choose, 500
     evaluate).  Trials must be exchangeable (independent runs), so their order is the split.
     """
+    return threshold_holdout_audit(*split_trials(scores_pos, scores_neg, select_frac), bound,
+                                   alpha)
+
+
+def split_trials(scores_pos, scores_neg, select_frac: float = 0.5):
+    """``(select_pos, select_neg, eval_pos, eval_neg)``: the first ``select_frac`` of each
+    side's trials, and the rest (the split of :func:`threshold_split_audit`)."""
     sp, sn = _as_scores(scores_pos, scores_neg)
     if not 0.0 < select_frac < 1.0:
         raise ValueError(f"select_frac={select_frac!r}: must lie strictly between 0 and 1")
     cut_p, cut_n = int(len(sp) * select_frac), int(len(sn) * select_frac)
     if min(cut_p, cut_n, len(sp) - cut_p, len(sn) - cut_n) < 1:
         raise ValueError("too few trials to split into selection and evaluation halves")
-    return threshold_holdout_audit(sp[:cut_p], sn[:cut_n], sp[cut_p:], sn[cut_n:], bound, alpha)
+    return sp[:cut_p], sn[:cut_n], sp[cut_p:], sn[cut_n:]
 
 
 def threshold_holdout_audit(val_pos, val_neg, eval_pos, eval_neg, bound: Bound, alpha: float,

@@ -19,7 +19,8 @@ from ..device import DeviceUnavailable
 from ..io import DataNotFound
 
 #: Subcommand modules, in help order.
-COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "tramer", "onerun", "report")
+COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
+            "report")
 
 
 def spec_arg(text: str) -> dict:

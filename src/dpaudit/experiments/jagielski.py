@@ -469,7 +469,11 @@ def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
     ``mu_lb = mu_lb_group / k``, per row (k rows of a mu-GDP mechanism compose to at most
     k mu); ``eps_lb_gdp`` = ``eps_from_mu(mu_lb, delta)``, which holds only if the models
     are exactly mu-GDP (Nasr et al. 2023's assumption), which subsampled DP-SGD is not: an
-    estimate, never a certified bound. ``split_only``: the split columns alone.
+    estimate, never a certified bound; ``eps_lb_katz`` (approximate: Katz log intervals)
+    and ``eps_lb_bayes`` (lower end of a Bayesian credible interval) from the evaluation
+    counts of ``eps_lb``'s threshold, at the same alpha, delta and k.  The attack's ROC
+    measures on the evaluation trials (Carlini et al. 2022): ``tpr_at_fpr_0_1pct``,
+    ``tpr_at_fpr_1pct`` and ``auc``.  ``split_only``: the split columns alone.
     """
     stat = statistic or STATISTICS[attack][0]
     if stat not in scores:
@@ -487,14 +491,25 @@ def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
                "fpr": split.ct_neg / split.n_neg, "n_eval_pos": split.n_pos,
                "n_eval_neg": split.n_neg}
         if not split_only:
+            counts = (split.ct_pos, split.n_pos, split.ct_neg, split.n_neg, alpha, delta, int(k))
+            eval_pos, eval_neg = bounds.split_trials(pos, neg, select_frac)[2:]
             scan = bounds.threshold_scan_audit(pos, neg, cp, alpha)
             gdp = bounds.threshold_split_audit(pos, neg, bounds.mu_lb_gdp, alpha, select_frac)
-            row.update(eps_lb_scan=scan.value, mu_lb_group=gdp.value, mu_lb=gdp.value / k,
+            row.update({name: bounds.tpr_at_fpr(eval_pos, eval_neg, level)
+                        for name, level in ROC_LEVELS.items()},
+                       auc=bounds.auc(eval_pos, eval_neg),
+                       eps_lb_katz=bounds.eps_lb_katz(*counts),
+                       eps_lb_bayes=bounds.eps_lb_bayes(*counts),
+                       eps_lb_scan=scan.value, mu_lb_group=gdp.value, mu_lb=gdp.value / k,
                        eps_lb_gdp=bounds.eps_gdp_estimate(gdp.value / k, delta))
         out.append(row)
     if not out:
         raise ValueError("scores have no D1 trials (label 1)")
     return pd.DataFrame(out)
+
+
+#: The ROC columns of :func:`audit_scores`: the TPR at each FPR limit (Carlini et al. 2022).
+ROC_LEVELS = {"tpr_at_fpr_0_1pct": 0.001, "tpr_at_fpr_1pct": 0.01}
 
 
 def _cp(ct_pos, n_pos, ct_neg, n_neg, alpha, *, delta, k):
@@ -510,6 +525,12 @@ COLUMNS = {
                    "and every k (Bonferroni)",
     "mu_lb": "certified per-row mu-GDP lower bound: group mu / k, every k at alpha / len(ks)",
     "eps_lb_gdp": "estimate: eps at delta of mu_lb, assuming the models are exactly mu-GDP",
+    "eps_lb_katz": "approximate (asymptotic Katz log intervals for the two rate ratios): "
+                   "eps_lb's threshold and evaluation counts, every k at alpha / len(ks), "
+                   "largest over k; not certified",
+    "eps_lb_bayes": "Bayesian credible interval, lower end (Zanella-Beguelin et al. 2023, "
+                    "Jeffreys priors): same counts, level and k as eps_lb_katz; a posterior "
+                    "quantile, not a confidence bound",
     "eps_lb_clipbkd_logit": "certified: the reference's raw-logit statistic, as eps_lb",
     "mi_yeom": "estimate: Yeom et al.'s population MI eps (1000 train, 1000 test points), "
                "averaged over models; the paper's MI measure, not a bound",
@@ -525,7 +546,9 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
     ``eps_lb``, ``eps_lb_scan``, ``mu_lb`` (per row) and the other ClipBKD
     statistic's ``eps_lb_<stat>``: every k at ``alpha / len(ks)``, the largest over k, valid
     at ``1 - alpha`` by the union bound; ``eps_lb_gdp``: the eps of ``mu_lb``, an estimate;
-    the number of trials per side and the mean test accuracy of the models."""
+    ``eps_lb_katz`` (approximate) and ``eps_lb_bayes`` (credible interval) at the same level,
+    largest over k; the ROC measures (:data:`ROC_LEVELS`, ``auc``) of ``best_k`` on the
+    evaluation trials; the number of trials per side and the mean test accuracy."""
     per_k = audit_scores(scores, attack, alpha, delta, select_frac, split_only=True)
     level = alpha / len(per_k)
     bonf = audit_scores(scores, attack, level, delta, select_frac)
@@ -533,8 +556,12 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
     mu_lb = float(bonf.mu_lb.max())
     row = {"eps_lb_best_k": float(best.eps_lb), "best_k": int(best.k), "tpr": float(best.tpr),
            "fpr": float(best.fpr), "threshold": float(best.threshold),
+           **{name: float(bonf.loc[bonf.k == best.k, name].iloc[0])
+              for name in [*ROC_LEVELS, "auc"]},  # of the evaluation trials: any level
            "eps_lb": float(bonf.eps_lb.max()), "eps_lb_scan": float(bonf.eps_lb_scan.max()),
-           "mu_lb": mu_lb, "eps_lb_gdp": bounds.eps_gdp_estimate(mu_lb, delta)}
+           "mu_lb": mu_lb, "eps_lb_gdp": bounds.eps_gdp_estimate(mu_lb, delta),
+           "eps_lb_katz": float(bonf.eps_lb_katz.max()),
+           "eps_lb_bayes": float(bonf.eps_lb_bayes.max())}
     for stat in STATISTICS[attack][1:]:
         row[f"eps_lb_{stat}"] = float(audit_scores(scores, attack, level, delta, select_frac,
                                                    statistic=stat, split_only=True).eps_lb.max())
@@ -641,7 +668,7 @@ def table2_markdown(table: pd.DataFrame) -> str:
 
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS", "Task", "make_task", "sides", "model_seeds",
            "score_models", "run_group", "trainer_digest", "audit_scores", "summarize_cell",
-           "COLUMNS", "init_label", "init_name", "cell_path", "cell_file", "group_dir",
+           "COLUMNS", "ROC_LEVELS", "init_label", "init_name", "cell_path", "cell_file", "group_dir",
            "group_dirs",
            "TRAINED_DIR", "check_grid", "grid_cells", "groups", "grid_models", "train_spec",
            "TABLE2_NOTES",

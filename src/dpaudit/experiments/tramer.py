@@ -23,6 +23,11 @@ that loss is below a threshold tau, chosen on separate *validation* runs so that
   delta and with the mu a Gaussian mechanism claiming (eps, delta) would have.  It
   assumes the mechanism's trade-off curve is Gaussian; the verdict rests on the
   assumption-free Clopper-Pearson bound.
+* For comparison, from the same counts: the approximate Katz bound
+  (:func:`dpaudit.bounds.eps_lb_katz`, asymptotic) and the lower end of the Bayesian
+  credible interval of Zanella-Beguelin et al. 2023 (:func:`dpaudit.bounds.eps_lb_bayes`);
+  and the attack's ROC measures on the evaluation runs (Carlini et al. 2022): TPR at
+  FPR <= 0.1% and <= 1%, and the AUC of minus the loss.  Neither enters the verdict.
 
 The verdict "violates its claimed guarantee" is given when ``eps_LB`` exceeds the
 claimed eps: then, unless an event of probability at most ``alpha`` occurred, the
@@ -106,11 +111,15 @@ def mu_claimed(eps: float, delta: float) -> float:
 
 def audit_counts(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, claimed_eps: float,
                  delta: float, alpha: float = ALPHA) -> dict:
-    """eps_LB (Clopper-Pearson), mu_LB (GDP) and the verdict from evaluation counts."""
-    eps_lb = bounds.eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha, delta)
+    """eps_LB (Clopper-Pearson), mu_LB (GDP) and the verdict from evaluation counts; the
+    approximate Katz bound and the Bayesian credible bound beside them (not in the verdict)."""
+    counts = (ct_pos, n_pos, ct_neg, n_neg, alpha, delta)
+    eps_lb = bounds.eps_lb_clopper_pearson(*counts)
     mu_lb = bounds.mu_lb_gdp(ct_pos, n_pos, ct_neg, n_neg, alpha)
     return {"eps_lb": eps_lb, "mu_lb": mu_lb,
             "eps_lb_gdp": bounds.eps_gdp_estimate(mu_lb, delta),
+            "eps_lb_katz": bounds.eps_lb_katz(*counts),
+            "eps_lb_bayes": bounds.eps_lb_bayes(*counts),
             "mu_claimed": mu_claimed(claimed_eps, delta),
             "verdict": VIOLATES if eps_lb > claimed_eps else NO_VIOLATION}
 
@@ -131,8 +140,12 @@ def audit_losses(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: 
         -np.asarray(val_in, float), -np.asarray(val_out, float), -np.asarray(eval_in, float),
         -np.asarray(eval_out, float), partial(bounds.eps_lb_clopper_pearson, delta=delta),
         alpha, ties="youden")
+    scores_in, scores_out = -np.asarray(eval_in, float), -np.asarray(eval_out, float)
     return {"tpr": res.ct_pos / res.n_pos, "fpr": res.ct_neg / res.n_neg,
             "threshold": -res.threshold, "ct_pos": res.ct_pos, "ct_neg": res.ct_neg,
+            "tpr_at_fpr_0_1pct": bounds.tpr_at_fpr(scores_in, scores_out, 0.001),
+            "tpr_at_fpr_1pct": bounds.tpr_at_fpr(scores_in, scores_out, 0.01),
+            "auc": bounds.auc(scores_in, scores_out),
             **audit_counts(res.ct_pos, res.n_pos, res.ct_neg, res.n_neg, claimed_eps, delta,
                            alpha)}
 

@@ -44,6 +44,9 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     - solid: each attack's certified 99% bound ``eps_lb`` (every k at 1% / len(ks));
     - dashed, hollow: the paper's statistic ``eps_lb_best_k``, the largest over k of 99%
       bounds (not itself a 99% bound; equal to the solid line for MI, which has one k);
+    - dashed, thin, triangles and squares: ``eps_lb_katz`` (approximate: asymptotic Katz
+      intervals) and ``eps_lb_bayes`` (lower end of a 99% Bayesian credible interval), from
+      the certified bound's counts, at its level;
     - MI, dotted crosses: ``mi_yeom``, the paper's population MI estimate (a point
       estimate, not a bound);
     - grey: eps = eps_th (add/remove; MI removes a row) and ``eps_pld_replace``, the
@@ -77,6 +80,12 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
             ax.plot(x, a.eps_lb, marker="o", color=COLORS[attack],
                     label=f"{name}: 99% lower bound" + (" (Bonferroni over k)"
                                                        if attack in REPLACING else ""))
+            for column, marker, label in (
+                    ("eps_lb_katz", "v", "Katz, approximate 99% (not certified)"),
+                    ("eps_lb_bayes", "s", "Bayesian 99% credible interval, lower end")):
+                if column in a:
+                    ax.plot(x, a[column], ls=(0, (4, 2)), lw=0.8, marker=marker, ms=3,
+                            color=COLORS[attack], alpha=0.6, label=f"{name}: {label}")
             if attack in REPLACING:
                 ax.plot(x, a.eps_lb_best_k, ls="--", lw=1, marker="o", mfc="none",
                         color=COLORS[attack], alpha=0.7,

@@ -1,0 +1,68 @@
+"""``dpaudit trials-needed`` and ``trials-needed-plot``: how many trials each way from counts
+to epsilon needs (:mod:`dpaudit.experiments.trials_needed`), from the score tables of
+cells the Jagielski et al. grids train."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..config import SpecError, subset_schema, validate_section
+from ..experiments.jagielski import AUDIT_KEYS
+from . import spec_arg
+
+
+def _run(args) -> None:
+    from ..experiments import trials_needed as tn
+    from ..io import read_table, write_table, write_text
+
+    spec = validate_section(args.spec, "trials_needed")
+    audit = validate_section(args.audit, "jagielski",
+                             schema_node=subset_schema(AUDIT_KEYS, "jagielski"))
+    tables = []
+    for path in args.scores:
+        scores, prov = read_table(path)
+        if "cell" not in prov:
+            raise SpecError(f"{path}: not a score table of jagielski-train (no 'cell' in its "
+                            "provenance)")
+        tables.append((scores, prov["cell"]))
+
+    def say(msg: str) -> None:
+        print(f"dpaudit trials-needed: {msg}", file=sys.stderr, flush=True)
+
+    table = tn.study(tables, audit["alpha"], audit["delta"], audit["select_frac"],
+                     spec["n_min"], spec["n_points"], spec["subsamples"], args.seed, say)
+    summ = tn.summary(table, spec["fraction"])
+    prov = {"command": "trials-needed", "spec": spec, "audit": audit, "seed": args.seed,
+            "scores": [str(p) for p in args.scores]}
+    write_text(tn.markdown(summ, spec["fraction"], audit["alpha"], spec["subsamples"]), args.md)
+    write_table(summ, args.summary, prov)
+    write_table(table, args.out, prov)
+
+
+def _plot(args) -> None:
+    from ..plots.trials_needed import plot_trials_needed
+
+    plot_trials_needed(args.table, args.summary, args.out)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("trials-needed",
+                              help="bounds of subsampled trials: how many each method needs")
+    p.add_argument("--scores", type=Path, nargs="+", required=True,
+                   help="score tables of jagielski-train, one per cell")
+    p.add_argument("--spec", type=spec_arg, required=True, help="the trials_needed config section")
+    p.add_argument("--audit", type=spec_arg, required=True,
+                   help=f"JSON object with the jagielski keys {', '.join(AUDIT_KEYS)}")
+    p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+    p.add_argument("--out", type=Path, required=True, help="one row per subsample (CSV)")
+    p.add_argument("--summary", type=Path, required=True,
+                   help="trials needed per cell and method (CSV)")
+    p.add_argument("--md", type=Path, required=True, help="the summary as Markdown")
+    p.set_defaults(func=_run)
+
+    p = subparsers.add_parser("trials-needed-plot", help="median bound against trials per side")
+    p.add_argument("--table", type=Path, required=True, help="CSV of trials-needed --out")
+    p.add_argument("--summary", type=Path, required=True, help="CSV of trials-needed --summary")
+    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.set_defaults(func=_plot)
