@@ -245,6 +245,7 @@ def _tiny_config(tmp_path: Path) -> dict:
     cfg["onerun"].update(eps=["4"], archs=["lr"], repeats=1, m=20, max_k=10,
                          canaries=["dirac"], init=1.0)
     cfg["tramer"].update(runs=20, val_runs=10, batch_runs=20, n_train=40)
+    cfg["trials_needed"].update(eps=["4"], n_min=4, n_points=2, subsamples=2)
     return cfg
 
 
@@ -262,7 +263,7 @@ def test_report_holds_every_figure_with_its_caption(tmp_path):
         names = zf.namelist()
         index = next(zf.read(n).decode() for n in names if n.endswith("report.html"))
     figures = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
-    assert len(figures) == 10
+    assert len(figures) == 11
     for name in figures + ["jagielski_table2.html"]:
         assert any(n.endswith("/" + name) for n in names), name
     assert "<table" in (tmp_path / "results/jagielski_table2.html").read_text()

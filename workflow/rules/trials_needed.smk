@@ -13,6 +13,7 @@ rule trials_needed_table:
         table="results/trials_needed.csv",
         summary="results/trials_needed_summary.csv",
         md="results/trials_needed.md",
+    localrule: True
     params:
         scores=[cell_path(*c) for c in TN_CELLS],
         spec=spec("trials_needed"),
@@ -34,7 +35,12 @@ rule trials_needed_plot:
         summary="results/trials_needed_summary.csv",
     output:
         pdf="figures/trials_needed.pdf",
-        png="figures/trials_needed.png",
+        png=report(
+            "figures/trials_needed.png",
+            caption="../report/trials_needed.rst",
+            category="Statistics",
+        ),
+    localrule: True
     log:
         "logs/trials_needed_plot.log",
     conda:
