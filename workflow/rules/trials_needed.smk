@@ -18,6 +18,7 @@ rule trials_needed_table:
         spec=spec("trials_needed"),
         audit=AUDIT_SPEC,
         seed=config["seed"],
+    localrule: True
     log:
         "logs/trials_needed_table.log",
     conda:
@@ -34,7 +35,13 @@ rule trials_needed_plot:
         summary="results/trials_needed_summary.csv",
     output:
         pdf="figures/trials_needed.pdf",
-        png="figures/trials_needed.png",
+        png=report(
+            "figures/trials_needed.png",
+            caption="../report/trials_needed.rst",
+            category="Jagielski et al. 2020",
+            subcategory="trials needed",
+        ),
+    localrule: True
     log:
         "logs/trials_needed_plot.log",
     conda:
