@@ -28,7 +28,7 @@ GPU_RULES = ("jagielski_task", "jagielski_train", "tramer_audit", "onerun_audit"
 LOCAL_RULES = ("data", "jagielski_fig2_table", "jagielski_table2_table",
                "jagielski_table2_html", "jagielski_plot", "onerun_many_model", "onerun_plot",
                "tramer_plot", "hw3_plot", "ridge_plot", "accounting_abadi_plot",
-               "accounting_composition_plot")
+               "accounting_composition_plot", "trials_needed_table", "trials_needed_plot")
 
 
 def _jobs(dry_run: str) -> list[tuple[str, str, str]]:
@@ -242,6 +242,7 @@ def _tiny_config(tmp_path: Path) -> dict:
                                     pretrain_images=0)
     jag["fig2"].update(archs=["lr"], eps=["4"], init=1.0)
     jag["table2"].update(clips=[1.0], inits=["fixed"], eps=["4"])
+    cfg["trials_needed"].update(eps=["4"], n_min=4, n_points=2, subsamples=2)
     cfg["onerun"].update(eps=["4"], archs=["lr"], repeats=1, m=20, max_k=10,
                          canaries=["dirac"], init=1.0)
     cfg["tramer"].update(runs=20, val_runs=10, batch_runs=20, n_train=40)

@@ -13,12 +13,12 @@ rule trials_needed_table:
         table="results/trials_needed.csv",
         summary="results/trials_needed_summary.csv",
         md="results/trials_needed.md",
-    localrule: True
     params:
         scores=[cell_path(*c) for c in TN_CELLS],
         spec=spec("trials_needed"),
         audit=AUDIT_SPEC,
         seed=config["seed"],
+    localrule: True
     log:
         "logs/trials_needed_table.log",
     conda:
@@ -38,7 +38,8 @@ rule trials_needed_plot:
         png=report(
             "figures/trials_needed.png",
             caption="../report/trials_needed.rst",
-            category="Statistics",
+            category="Jagielski et al. 2020",
+            subcategory="trials needed",
         ),
     localrule: True
     log:
