@@ -246,7 +246,6 @@ def _tiny_config(tmp_path: Path) -> dict:
     cfg["onerun"].update(eps=["4"], archs=["lr"], repeats=1, m=20, max_k=10,
                          canaries=["dirac"], init=1.0)
     cfg["tramer"].update(runs=20, val_runs=10, batch_runs=20, n_train=40)
-    cfg["trials_needed"].update(eps=["4"], n_min=4, n_points=2, subsamples=2)
     return cfg
 
 
