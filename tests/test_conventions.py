@@ -245,6 +245,7 @@ def _tiny_config(tmp_path: Path) -> dict:
     cfg["onerun"].update(eps=["4"], archs=["lr"], repeats=1, m=20, max_k=10,
                          canaries=["dirac"], init=1.0)
     cfg["tramer"].update(runs=40, val_runs=10, batch_runs=40, n_train=40)
+    cfg["tramer"]["model"].update(epochs=2, batch_size=20)
     return cfg
 
 
