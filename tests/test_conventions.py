@@ -240,12 +240,13 @@ def _tiny_config(tmp_path: Path) -> dict:
     jag["datasets"]["fmnist"].update(epochs=1, batch_size=10)
     jag["datasets"]["cifar"].update(epochs=1, batch_size=8, pretrain_epochs=1,
                                     pretrain_images=0)
-    jag["fig2"].update(archs=["lr"], eps=["4"], init=1.0)
+    jag["fig2"].update(datasets=["fmnist"], archs=["lr"], eps=["4"], init=1.0)
     jag["table2"].update(clips=[1.0], inits=["fixed"], eps=["4"])
     cfg["trials_needed"].update(eps=["4"], n_min=4, n_points=2, subsamples=2)
     cfg["onerun"].update(eps=["4"], archs=["lr"], repeats=1, m=20, max_k=10,
                          canaries=["dirac"], init=1.0)
-    cfg["tramer"].update(runs=20, val_runs=10, batch_runs=20, n_train=40)
+    cfg["tramer"].update(runs=40, val_runs=10, batch_runs=40, n_train=40)
+    cfg["tramer"]["model"].update(epochs=2, batch_size=20)
     return cfg
 
 
@@ -254,7 +255,8 @@ def test_report_holds_every_figure_with_its_caption(tmp_path):
     """A tiny run of the whole DAG, then `--report report.zip`: every figure of `all` (and
     Table 2 as an HTML table) is in it, with its caption rendered from the config."""
     conf = str(write_config(tmp_path, _tiny_config(tmp_path)))
-    out = snakemake("--cores", "2", "--directory", str(tmp_path), "--configfile", conf)
+    out = snakemake("--cores", "2", "--directory", str(tmp_path), "--configfile", conf,
+                    timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     out = snakemake("--report", str(tmp_path / "report.zip"), "--directory", str(tmp_path),
                     "--configfile", conf)

@@ -134,8 +134,8 @@ def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
         paper = "" if math.isnan(r.paper_eps_lb) else f" ({r.paper_eps_lb:.2f})"
         text[i, j] = f"{r.eps_lb_best_k:.2f}{paper}\n[{r.eps_lb:.2f}]"
     fig, ax = figure(figsize=(3.0 + 0.8 * grid.shape[1], 2.0 + 0.55 * len(labels)))
-    im = ax.imshow(grid, cmap="viridis", aspect="auto")
-    vmax = np.nanmax(grid) if np.isfinite(grid).any() else 1.0
+    vmax = max(np.nanmax(grid), 0.1) if np.isfinite(grid).any() else 1.0
+    im = ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0, vmax=vmax)
     for (i, j), t in np.ndenumerate(text):
         ax.text(j, i, t, ha="center", va="center", fontsize=7,
                 color="white" if grid[i, j] < 0.6 * vmax else "black")
