@@ -172,7 +172,7 @@ rule jagielski_plot:
         pdf="figures/jagielski_{experiment}.pdf",
         png=report(
             "figures/jagielski_{experiment}.png",
-            caption="../report/jagielski_{experiment}.rst",
+            caption="../report/jagielski.rst",
             category="Jagielski et al. 2020",
             subcategory="{experiment}",
         ),
