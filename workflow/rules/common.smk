@@ -8,7 +8,7 @@ import torch
 # Every rule file appends the figures (PDF; a PNG is written beside each) it renders, and
 # the tables it adds to the report.
 FIGURES = []
-# What each rule runs in: the project's environment (README, Set up).  It documents the
+# The environment of every rule: the project's (README, Set up).  It documents the
 # software only; `--sdm conda` is refused in the Snakefile.
 ENV = "../../environment.yml"
 # The GPUs torch sees here. Training jobs each ask for GPU_PER_JOB GPUs (1 where there are
