@@ -22,6 +22,9 @@ def plot_audit(table: str | os.PathLike, out: str | os.PathLike) -> None:
                               bs=("eps_theory_bs", "first"),
                               exact=("eps_theory_exact", "first")).reset_index()
     fig, ax = figure()
+    # Room below the axes for the legend, which would cover the y = x line inside them.
+    fig.set_figheight(fig.get_figheight() * 1.6)
+    fig.subplots_adjust(bottom=0.36)
     err = np.vstack([g.lb - g.lo, g.hi - g.lb])
     ax.errorbar(g.exact, g.lb, yerr=err, fmt="o-", color=COLORS["empirical"], capsize=2,
                 label=r"$\hat\varepsilon$ (App. D) vs. exact GDP conversion (tight)")
@@ -46,5 +49,5 @@ def plot_audit(table: str | os.PathLike, out: str | os.PathLike) -> None:
     ax.set_title(f"Ridge output perturbation: one-run audit\n(m={int(first.m)}, "
                  f"d={int(first.d)}, n={int(first.n)}, {df.repeat.nunique()} repeats)")
     ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=6, frameon=False)
     save(fig, out)
