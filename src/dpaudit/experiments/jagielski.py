@@ -399,6 +399,7 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
     cell_keys = cell_keys or {c: {} for c in cells}
     plan = []
     for side, label, k, (X, y) in sides(task, attack, ks, clipbkd_d0):
+        X, y = torch.as_tensor(X), torch.as_tensor(y)  # once per side, for all its blocks
         side_seeds = model_seeds(seed, *name, attack, side, trials)
         for start in range(0, trials, block):
             stop = min(start + block, trials)
@@ -420,10 +421,9 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
             cfgs = [cells[c] for c in todo]
             per_call = dpsgd.seeds_per_call(model, len(X), cfgs[0], len(todo), device,
                                             limit=len(block_seeds))
-            Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
             for i in range(0, len(block_seeds), per_call):
                 chunk = block_seeds[i:i + per_call]
-                trained = dpsgd.train(Xt, yt, model, cfgs, chunk, init=init, device=device)
+                trained = dpsgd.train(X, y, model, cfgs, chunk, init=init, device=device)
                 if on_trained is not None:
                     on_trained(side, start + i, dict(zip(todo, trained)))
                 rows += [_block_rows(side, start + i, chunk, c, score_models(p, model, task))
