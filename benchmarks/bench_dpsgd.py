@@ -13,7 +13,8 @@ model-steps per second (one SGD step of one model):
       the same index-gathered batches, and PrivacyEngine.make_private with its DataLoader,
   (d) plain non-private SGD (nn.Sequential, torch.optim.SGD, same batches),
 
-at each thread count of --threads (default: the machine's default and 2). Best of --repeats
+at each thread count of --threads (default: the machine's default and 2); the Opacus rows
+are left out where opacus is not installed (the GPU machines). Best of --repeats
 rounds of --epochs epochs each (methods interleaved). It prints the line
 
   table2 grid: N model-steps/s, R x plain SGD, S x Opacus
@@ -23,14 +24,16 @@ measured speed of a group of that many cells (every model costed as an FMNIST 2-
 of 24 epochs: CIFAR heads train on 1024-d features for 20 epochs of 20 steps, about as
 costly), on the CPU and on CUDA when present (with the seeds per call that
 dpsgd.seeds_per_call picks there, and the estimated bytes per seed against the measured peak).
+--cuda-only skips the CPU timings (a GPU session's device time is short).
 
-    python benchmarks/bench_dpsgd.py [--threads 2] [--epochs 1] [--table2-seeds 2]
+    python benchmarks/bench_dpsgd.py [--threads 2] [--epochs 1] [--table2-seeds 2] [--cuda-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import math
 import time
 import warnings
 from pathlib import Path
@@ -179,7 +182,11 @@ def main():
                     help="seeds (trials) per wide call of the grids on the CPU")
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml",
                     help="config whose grids to time and project (default: the full config)")
+    ap.add_argument("--cuda-only", action="store_true",
+                    help="time and project only on CUDA (no CPU rows, no Opacus)")
     args = ap.parse_args()
+    if args.cuda_only and not torch.cuda.is_available():
+        ap.error("--cuda-only: torch sees no CUDA device")
     warnings.filterwarnings("ignore")
     cfg = yaml.safe_load(args.config.read_text())
     jag = cfg["jagielski"]
@@ -191,11 +198,16 @@ def main():
     print(f"data: {source} n={N} d={D}; fnn 784-32-2, batch {B}, {args.epochs} epochs x "
           f"{N // B} steps; torch {torch.__version__}; best of {args.repeats}")
     speeds = {}
-    for threads in args.threads:
+    try:
+        import opacus  # noqa: F401
+        baselines = {"Opacus GradSampleModule+DPOptimizer": opacus_index_batches,
+                     "Opacus PrivacyEngine+DataLoader": opacus_privacy_engine}
+    except ImportError:
+        print("opacus is not installed: no Opacus rows")
+        baselines = {}
+    for threads in [] if args.cuda_only else args.threads:
         torch.set_num_threads(threads)
-        fns = {"plain SGD (nn.Module)": plain_sgd,
-               "Opacus GradSampleModule+DPOptimizer": opacus_index_batches,
-               "Opacus PrivacyEngine+DataLoader": opacus_privacy_engine,
+        fns = {"plain SGD (nn.Module)": plain_sgd, **baselines,
                "dpaudit one cell, K=32": ours(32),
                f"dpaudit Figure 2 group ({len(fig2)} cells)": wide(jag, fig2,
                                                                    args.table2_seeds * 6),
@@ -203,8 +215,7 @@ def main():
                                                                     args.table2_seeds)}
         rows = rates(fns, X, y, args.epochs, args.repeats)
         plain = rows["plain SGD (nn.Module)"]
-        opacus = max(rows["Opacus GradSampleModule+DPOptimizer"],
-                     rows["Opacus PrivacyEngine+DataLoader"])
+        opacus = max((rows[name] for name in baselines), default=math.nan)
         print(f"\nCPU, {threads} threads: model-steps/s (x faster than the faster Opacus; "
               f"x plain SGD's speed)")
         for name, r in rows.items():
@@ -216,7 +227,8 @@ def main():
                         (len(fig2), f"dpaudit Figure 2 group ({len(fig2)} cells)"),
                         (len(table2), f"dpaudit Table 2 group ({len(table2)} cells)")):
             speeds[m] = max(speeds.get(m, 0.0), rows[name])
-    project(grid, jag, "CPU (2 cores)" if torch.get_num_threads() <= 2 else "CPU", speeds)
+    if speeds:
+        project(grid, jag, "CPU (2 cores)" if torch.get_num_threads() <= 2 else "CPU", speeds)
     if torch.cuda.is_available():
         cuda_speeds = {}
         model = dpsgd.ModelSpec("fnn", D, hidden=H)
@@ -234,8 +246,9 @@ def main():
             peak = torch.cuda.max_memory_allocated() - base
             est = K * dpsgd.step_bytes(model, N, cfgs[0], len(cells))
             print(f"\n{torch.cuda.get_device_name()}: {len(cells)} cells x K={K} seeds, 24 "
-                  f"epochs: {cuda_speeds[len(cells)]:.0f} model-steps/s; memory: estimated "
-                  f"{est / 2**20:.0f} MiB, measured peak {peak / 2**20:.0f} MiB")
+                  f"epochs: {cuda_speeds[len(cells)]:.0f} model-steps/s "
+                  f"({cuda_speeds[len(cells)] / cfgs[0].steps(N):.1f} models/s); memory: "
+                  f"estimated {est / 2**20:.0f} MiB, measured peak {peak / 2**20:.0f} MiB")
         t2 = cuda_speeds[len(table2)]
         print(f"table2 grid (CUDA): {t2:.0f} model-steps/s")
         project(grid, jag, torch.cuda.get_device_name(), cuda_speeds)

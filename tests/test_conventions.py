@@ -28,7 +28,8 @@ GPU_RULES = ("jagielski_task", "jagielski_train", "tramer_audit", "onerun_audit"
 LOCAL_RULES = ("data", "jagielski_fig2_table", "jagielski_table2_table",
                "jagielski_table2_html", "jagielski_plot", "onerun_many_model", "onerun_plot",
                "tramer_plot", "hw3_plot", "ridge_plot", "accounting_abadi_plot",
-               "accounting_composition_plot", "trials_needed_table", "trials_needed_plot")
+               "accounting_composition_plot", "trials_needed_table", "trials_needed_plot",
+               "jagielski_reference_md")
 
 
 def _jobs(dry_run: str) -> list[tuple[str, str, str]]:

@@ -68,7 +68,12 @@ def test_scores_match_a_direct_torch_computation():
     task = _task(np.random.default_rng(2))
     model = dpsgd.ModelSpec("fnn", 6, hidden=5)
     params = dpsgd.init_params(model, 3, [1, 2, 3], device="cpu")
-    got = jagielski.score_models(params, model, task)
+    got = {k: v for attack in jagielski.ATTACKS
+           for k, v in jagielski.score_models(params, model, task, attack).items()}
+    # each attack keeps only what its audit reads
+    assert set(jagielski.score_models(params, model, task, "clipbkd")) == {
+        "clipbkd", "clipbkd_logit", "test_acc"}
+    assert set(jagielski.score_models(params, model, task, "mi")) == {"mi", "mi_yeom", "test_acc"}
     for k in range(3):
         net = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
         with torch.no_grad():
@@ -275,6 +280,38 @@ def test_paper_table2_values_and_markdown():
     assert "| inf (0) | 3.20 (4.54) [3.10] | 0.30 (0.42) [0.25] |" in md
     assert "| 8 (1.01) | - | 0.20 (0.25) [0.00] |" in md
     assert "not itself a 99% bound" in md and "init_mult" in md and "eps_pld_replace" in md
+    # ours - paper: -1.34, -0.12, -0.05; within 0.5: the last two
+    agree = jagielski.paper_agreement(table)
+    assert (agree["cells"], agree["within"]) == (3, 2)
+    assert agree["mean_diff"]["init"]["fixed"] == pytest.approx(-1.34)
+    assert agree["mean_diff"]["eps_label"]["inf"] == pytest.approx((-1.34 - 0.12) / 2)
+    assert agree["mean_diff"]["clip"][1.0] == pytest.approx((-1.34 - 0.12 - 0.05) / 3)
+    assert "Against the paper: 2 of 3 cells (67%) within +-0.5 of its value." in md
+    assert "by init: fixed init -1.34," in md and "by eps_th: 8 -0.05, inf -0.73;" in md
+    assert jagielski.paper_agreement(table, tol=2.0)["within"] == 3
+    # cells the paper lacks are left out of the count
+    extra = pd.concat([table, table.iloc[:1].assign(clip=4.0, paper_eps_lb=math.nan)])
+    assert jagielski.paper_agreement(extra)["cells"] == 3
+
+
+def test_cli_md_writes_table2_from_its_csv_and_refuses_other_tables(tmp_path):
+    from dpaudit.cli import main
+    from dpaudit.io import write_table
+
+    table = jagielski.with_paper_table2(pd.DataFrame(
+        {"eps_label": ["inf", "8"], "init": ["fixed", "g1"], "clip": [1.0, 1.0],
+         "noise": [0.0, 1.01], "eps_lb_best_k": [4.4, 0.2], "eps_lb": [4.3, 0.1]}))
+    write_table(table, tmp_path / "t2.csv", {"command": "test"})
+    out = tmp_path / "t2.md"
+    assert main(["jagielski-md", "--table", str(tmp_path / "t2.csv"), "--out", str(out)]) == 0
+    md = out.read_text()
+    # the CSV's eps labels read back as numbers; the Markdown shows the config's labels
+    assert "| inf (0) | 4.40 (4.54) [4.30] | - |" in md and "| 8 (1.01) |" in md
+    assert "2 of 2 cells (100%) within +-0.5" in md
+    assert main(["jagielski-md", "--table", str(tmp_path / "t2.csv"), "--out", str(out),
+                 "--tolerance", "-1"]) == 2
+    write_table(table.drop(columns="paper_eps_lb"), tmp_path / "bad.csv", {"command": "test"})
+    assert main(["jagielski-md", "--table", str(tmp_path / "bad.csv"), "--out", str(out)]) == 2
 
 
 def test_theoretical_eps_reproduces_the_papers_calibration():
@@ -320,7 +357,7 @@ def test_cli_train_scores_table_and_saved_models_reproduce_the_scores(tmp_path):
     assert len(scores) == 3 * 4
     params, model = dpsgd.load_params(out.with_name("c1_g2_e4_models_k2.pt"))
     assert params.K == 2 and model.hidden == 5
-    again = jagielski.score_models(params, model, task)["clipbkd"]
+    again = jagielski.score_models(params, model, task, "clipbkd")["clipbkd"]
     want = scores[scores.side == "k2"].sort_values("trial").clipbkd.to_numpy()[:2]
     np.testing.assert_allclose(again, want, rtol=1e-6)
     bad = {k: v for k, v in TRAIN_SPEC.items() if k != "noise"}

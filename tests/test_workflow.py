@@ -225,6 +225,19 @@ def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
     assert prov["trainer"]["device"] == "cpu"
     assert len(scores) == 8 * 3 and scores.seed.nunique() == 24
 
+    # The reference target draws kept tables in another folder, training nothing.
+    ref, fresh = tmp_path / "ref", tmp_path / "fresh"
+    ref.mkdir()
+    for name in ("jagielski_fig2.csv", "jagielski_table2.csv"):
+        (ref / name).write_bytes((tmp_path / "results" / name).read_bytes())
+    out = snakemake("jagielski_reference", "--cores", "1", "--directory", str(fresh),
+                    "--configfile", str(write_config(tmp_path, {**cfg, "reference_dir": str(ref)})))
+    assert out.returncode == 0, out.stderr
+    for name in ("jagielski_fig2", "jagielski_table2"):
+        assert (fresh / f"figures/reference/{name}.png").stat().st_size > 0
+    assert (fresh / "results/reference/jagielski_table2.md").read_text() == md
+    assert not (fresh / "results/jagielski").exists()
+
     # Growing the grid: a new clip reruns only the job of its group ...
     jag["table2"]["clips"] = [1.0, 2.0]
     dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(tmp_path),

@@ -460,7 +460,8 @@ def dirac_canaries(model: ModelSpec, m: int, clip: float, seed, candidates=None,
         raise ValueError(f"dirac_canaries: clip={clip} must be > 0")
     coords = np.random.default_rng(seed).choice(candidates, int(m), replace=False)
     directions = torch.zeros(int(m), P, dtype=dtype, device=resolve(device))
-    directions[torch.arange(int(m)), torch.as_tensor(coords, device=directions.device)] = clip
+    directions[torch.arange(int(m), device=directions.device),
+               torch.as_tensor(coords, device=directions.device)] = clip
     return directions
 
 

@@ -218,3 +218,40 @@ rule jagielski_table2:
     input:
         "figures/jagielski_table2.pdf",
         "results/jagielski_table2.html",
+
+
+# The reference tables of a paper-scale GPU run (config `reference_dir`,
+# reference/README.md) drawn and tabulated on any CPU, without training or data:
+# `snakemake --cores 1 jagielski_reference`.
+REFERENCE = os.path.join(workflow.basedir, config["reference_dir"])  # keeps an absolute path
+
+
+use rule jagielski_plot as jagielski_reference_plot with:
+    input:
+        os.path.join(REFERENCE, "jagielski_{experiment}.csv"),
+    output:
+        pdf="figures/reference/jagielski_{experiment}.pdf",
+        png="figures/reference/jagielski_{experiment}.png",
+    log:
+        "logs/jagielski_reference_plot_{experiment}.log",
+
+
+rule jagielski_reference_md:
+    input:
+        os.path.join(REFERENCE, "jagielski_table2.csv"),
+    output:
+        "results/reference/jagielski_table2.md",
+    localrule: True
+    log:
+        "logs/jagielski_reference_md.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit jagielski-md --table {input} --out {output} 2> {log}"
+
+
+rule jagielski_reference:
+    input:
+        "figures/reference/jagielski_fig2.pdf",
+        "figures/reference/jagielski_table2.pdf",
+        "results/reference/jagielski_table2.md",

@@ -4,7 +4,8 @@
 pretrained CNN) once; ``jagielski-init`` draws the shared "fixed" initialisation;
 ``jagielski-train`` trains and scores the cells of one set-up and attack at several eps
 labels (every side, T trials each) into one score table per cell; ``jagielski-audit``
-turns the score tables of Figure 2 or Table 2 into bounds; ``jagielski-plot`` draws them.
+turns the score tables of Figure 2 or Table 2 into bounds; ``jagielski-plot`` draws them
+and ``jagielski-md`` writes Table 2's Markdown from its table (as from ``reference/``).
 """
 
 from __future__ import annotations
@@ -219,6 +220,23 @@ def _audit(args) -> None:
     write_table(table, args.out, prov)
 
 
+def _markdown(args) -> None:
+    from ..experiments import jagielski
+    from ..io import read_table, write_text
+    from ..plots.jagielski import eps_label
+
+    if not args.tolerance >= 0:
+        raise SpecError(f"--tolerance={args.tolerance}: must be >= 0")
+    table, _ = read_table(args.table)
+    missing = sorted({"eps_label", "init", "clip", "noise", "eps_lb", "eps_lb_best_k",
+                      "paper_eps_lb"} - set(table.columns))
+    if missing:
+        raise SpecError(f"--table {args.table}: not a Table 2 table from jagielski-audit "
+                        f"(no column {', '.join(missing)})")
+    table["eps_label"] = table.eps_label.map(eps_label)  # the CSV reads "4" as 4.0
+    write_text(jagielski.table2_markdown(table, args.tolerance), args.out)
+
+
 def _plot(args) -> None:
     from ..plots import jagielski as plots
 
@@ -288,6 +306,15 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
     p.add_argument("--md", type=Path, default=None, help="Markdown table (table2)")
     p.set_defaults(func=_audit)
+
+    p = subparsers.add_parser(
+        "jagielski-md", help="Table 2 as Markdown, beside the paper's, from its CSV")
+    p.add_argument("--table", type=Path, required=True,
+                   help="Table 2 CSV from jagielski-audit --experiment table2")
+    p.add_argument("--tolerance", type=float, default=0.5,
+                   help="count the cells within this distance of the paper's value")
+    p.add_argument("--out", type=Path, required=True, help="Markdown file")
+    p.set_defaults(func=_markdown)
 
     p = subparsers.add_parser("jagielski-plot", help="draw Figure 2 or the Table 2 heatmap")
     p.add_argument("--experiment", choices=["fig2", "table2"], required=True)

@@ -1,0 +1,156 @@
+"""The CUDA paths, on a GPU: skipped where torch sees none (CI, the CPU machines).
+
+Every other test pins the CPU, so these are what a GPU session runs first
+(``python -m pytest tests/test_cuda.py``) before training at scale: the wide step against
+each column alone, the two samplings, the scores against the CPU's, the seeds per call
+against the card's memory, a whole group through the CLI, and the CIFAR feature
+extractor's bitwise reproducibility in :func:`dpaudit.device.deterministic`. CUDA's random
+streams differ from the CPU's, so models are compared on the same device; scores of the
+same weights are compared across devices.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dpaudit import device as dev_mod
+from dpaudit import dpsgd as D
+from dpaudit import features
+from dpaudit.experiments import jagielski
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU")
+
+
+def _problem(arch, n=60, d=12):
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n, d, generator=g)
+    y = (X[:, 0] > 0).long()
+    model = D.ModelSpec(arch, d, hidden=6)
+    init = D.init_params(model, 1, [99], device="cpu")
+    return X, y, model, init
+
+
+@pytest.mark.parametrize("sampling", ["shuffle", "poisson"])
+@pytest.mark.parametrize("arch", ["lr", "fnn"])
+def test_wide_step_on_cuda_equals_each_column_alone(arch, sampling):
+    X, y, model, init = _problem(arch)
+    base = dict(epochs=3, batch_size=9, lr=0.4, sampling=sampling)
+    cols = [D.DPSGDConfig(clip=0.5, noise_multiplier=1.3, **base),
+            D.DPSGDConfig(clip=2.0, noise_multiplier=0.0, init_scale=0.5, **base),
+            D.DPSGDConfig(clip=1.0, noise_multiplier=0.4, init="fixed", **base)]
+    seeds = [3, 11, 12, 40]
+    wide = D.train(X, y, model, cols, seeds, init=init, device="cuda")
+    for cfg, got in zip(cols, wide):
+        assert got.W[0].device.type == "cuda"
+        alone = D.train(X, y, model, cfg, seeds, init=init if cfg.init == "fixed" else None,
+                        device="cuda")
+        for a, b in zip(D._tensors(got), D._tensors(alone)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # cuBLAS: other kernels
+    again = D.train(X, y, model, cols, seeds, init=init, device="cuda")
+    for p, q in zip(wide, again):  # the same call twice: the same models
+        for a, b in zip(D._tensors(p), D._tensors(q)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_scores_of_the_same_weights_agree_across_devices():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(40, 6)).astype(np.float32)
+    X_test = rng.normal(size=(10, 6)).astype(np.float32)
+    pool = rng.normal(size=(16, 6)).astype(np.float32)
+    task = jagielski.make_task(X, (X[:, 0] > 0).astype(np.int64), X_test,
+                               (X_test[:, 0] > 0).astype(np.int64), pool, np.ones(16, np.int64),
+                               X_test[:4], np.ones(4, np.int64), clipbkd_norm=5.0)
+    model = D.ModelSpec("fnn", 6, hidden=5)
+    params = D.init_params(model, 3, [1, 2, 3], device="cpu")
+    on_gpu = D.Params([w.cuda() for w in params.W], [b.cuda() for b in params.b])
+    for attack in jagielski.ATTACKS:
+        cpu = jagielski.score_models(params, model, task, attack)
+        gpu = jagielski.score_models(on_gpu, model, task, attack)
+        assert set(cpu) == set(gpu)
+        for name in cpu:
+            np.testing.assert_allclose(gpu[name], cpu[name], rtol=1e-4, atol=1e-5,
+                                       err_msg=name)
+
+
+def test_seeds_per_call_fits_the_card_and_the_estimate_bounds_the_peak():
+    model = D.ModelSpec("fnn", 784, hidden=32)
+    cfg = D.DPSGDConfig(epochs=1, batch_size=250, lr=0.15, clip=1.0, noise_multiplier=1.0)
+    cols = [cfg] * 8
+    K = D.seeds_per_call(model, 6000, cfg, len(cols), "cuda", limit=64)
+    assert 1 <= K <= 64
+    X = torch.rand(6000, 784)
+    y = torch.randint(0, 2, (6000,))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    D.train(X, y, model, cols, list(range(K)), device="cuda")
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    # The data set is moved to the card once per call; the estimate counts per seed.
+    assert peak <= K * D.step_bytes(model, 6000, cfg, len(cols)) + X.nbytes + y.nbytes
+
+
+def test_dirac_canaries_and_a_canary_run_on_cuda():
+    X, y, model, _ = _problem("fnn")
+    cfg = D.DPSGDConfig(epochs=2, batch_size=9, lr=0.4, clip=1.0, noise_multiplier=0.5)
+    dirs = D.dirac_canaries(model, 4, 1.0, 0, device="cuda")
+    assert dirs.device.type == "cuda" and (dirs != 0).sum().item() == 4
+    run = D.train(X, y, model, cfg, [5, 6], device="cuda",
+                  canaries=D.GradientCanaries(dirs, torch.ones(2, 4, dtype=torch.bool)))
+    assert torch.isfinite(run.scores).all()
+
+
+def test_describe_names_the_gpu():
+    where = dev_mod.describe(dev_mod.resolve("cuda"))
+    assert where["device"].startswith("cuda") and where["gpu_name"]
+    assert set(dev_mod.REPRODUCE_KEYS) <= set(where)
+
+
+def test_pretraining_is_bitwise_reproducible_on_the_gpu():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(96, 3, 32, 32), dtype=np.uint8)
+    labels = rng.integers(0, 4, size=96)
+    runs = [features.pretrain(images, labels, epochs=2, seed=3, device="cuda", batch_size=32)
+            for _ in range(2)]
+    assert runs[0][1] == runs[1][1]  # the losses, bit for bit
+    feats = [features.extract_features(m, images, batch_size=40, device="cuda")
+             for m, _ in runs]
+    assert np.array_equal(feats[0], feats[1]) and feats[0].shape == (96, features.FEATURE_DIM)
+
+
+def test_cli_trains_a_group_on_cuda_and_reuses_its_blocks(tmp_path):
+    from dpaudit.cli import main
+    from dpaudit.io import read_table
+
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(40, 6)).astype(np.float32)
+    X_test = rng.normal(size=(10, 6)).astype(np.float32)
+    task = jagielski.make_task(X, (X[:, 0] > 0).astype(np.int64), X_test,
+                               (X_test[:, 0] > 0).astype(np.int64),
+                               rng.normal(size=(16, 6)).astype(np.float32),
+                               np.ones(16, np.int64), X_test[:4], np.ones(4, np.int64),
+                               clipbkd_norm=5.0)
+    features.save_features(tmp_path / "task.npz", task.arrays(), {"dataset": "toy"})
+    spec = {"trials": 6, "ks": [1, 2], "sampling": "shuffle", "clipbkd_d0": "flipped",
+            "epochs": 2, "batch_size": 10, "lr": 0.5, "hidden": 5,
+            "noise": {"4": 0.7, "inf": 0.0}}
+
+    def train():
+        return main(["jagielski-train", "--task", str(tmp_path / "task.npz"), "--dataset",
+                     "fmnist", "--arch", "fnn", "--attack", "clipbkd", "--cells",
+                     json.dumps([[1, "g1", "4"], [2, "g1", "inf"]]), "--spec",
+                     json.dumps(spec), "--seed", "5", "--out-dir", str(tmp_path / "out"),
+                     "--device", "cuda", "--block-trials", "4", "--store",
+                     str(tmp_path / "kept")])
+
+    assert train() == 0
+    first = (tmp_path / "out/c1_g1_e4.csv").read_bytes()
+    scores, prov = read_table(tmp_path / "out/c1_g1_e4.csv")
+    assert prov["trainer"]["device"].startswith("cuda") and prov["trainer"]["gpu_name"]
+    assert len(scores) == 6 * 3 and np.isfinite(scores.clipbkd).all()
+    assert train() == 0  # every block kept: restored, the same bytes
+    assert (tmp_path / "out/c1_g1_e4.csv").read_bytes() == first
