@@ -10,16 +10,25 @@
 # config/config.yaml) are the --configfile files, e.g. with an overlay that says where the
 # data are (docs/data.md). Each finished block of trials is kept in
 # results/jagielski/trained/ and a rerun trains only the rest, so a command cut off at
-# BUDGET loses at most one block per job. Made for machines lent for a few minutes a
-# command, which start bare and give back only OUT: if .carry/ holds the kept.tgz.* parts
-# of an earlier command and results/jagielski/trained/ is absent, they are unpacked first.
+# BUDGET loses at most one block per job. BUDGET covers snakemake only: leave a minute of a
+# command's limit for unpacking, stopping the jobs (up to 20 s) and packing.
 #
-# Leaves in OUT: kept.tgz.NN (the kept blocks, in parts of at most 15 MiB), scores.tgz.NN
-# (the score tables of every finished job), small.tgz (logs, tables, figures) and
-# snakemake.log.
+# Made for machines lent minutes at a time, which start bare and give back only OUT: copy
+# the kept.tgz.* parts of the last command into RESTORE (default .carry/) and send that
+# folder with the next command; if results/jagielski/trained/ is absent, they are unpacked
+# first. Kept blocks count only on the same GPU model, torch and trainer code (docs/scale.md),
+# so keep to one kind of GPU. Task files are rebuilt (CIFAR-10's pretraining is bitwise
+# reproducible on the same GPU model).
+#
+# Leaves in OUT (replacing what an earlier command left there): kept.tgz.NN (the kept
+# blocks, in parts of at most 15 MiB), scores.tgz.NN (the score tables of every job
+# finished on this machine), small.tgz (logs, tables, figures) and snakemake.log.
 set -uo pipefail
-budget=${1:?usage: gpu_run.sh BUDGET TARGET... [-- SNAKEMAKE_ARGS...]}
+usage="usage: gpu_run.sh BUDGET TARGET... [-- SNAKEMAKE_ARGS...]"
+budget=${1:?$usage}
 shift
+[[ $budget =~ ^[1-9][0-9]*$ ]] || { echo "gpu_run.sh: BUDGET=$budget: seconds > 0; $usage" >&2; exit 2; }
+RESTORE=${RESTORE:-.carry}
 OUT=${OUT:-results/gpu_out}
 mkdir -p "$OUT"
 targets=() extra=()
@@ -27,11 +36,11 @@ while (($#)); do
   if [[ $1 == -- ]]; then shift; extra=("$@"); break; fi
   targets+=("$1"); shift
 done
-((${#targets[@]})) || { echo "gpu_run.sh: name at least one target" >&2; exit 2; }
+((${#targets[@]})) || { echo "gpu_run.sh: name at least one target; $usage" >&2; exit 2; }
 
 start=$SECONDS
-if [[ ! -d results/jagielski/trained ]] && compgen -G ".carry/kept.tgz.*" >/dev/null; then
-  cat .carry/kept.tgz.* | tar -xzf - && echo "gpu_run.sh: unpacked the kept blocks in .carry"
+if [[ ! -d results/jagielski/trained ]] && compgen -G "$RESTORE/kept.tgz.*" >/dev/null; then
+  cat "$RESTORE"/kept.tgz.* | tar -xzf - && echo "gpu_run.sh: unpacked the kept blocks in $RESTORE"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 
@@ -39,15 +48,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 # at its limit can leave a lock behind; the machine runs one workflow at a time.
 PYTHONUNBUFFERED=1 timeout --kill-after=20 "$budget" \
   snakemake "${targets[@]}" "${extra[@]}" --cores all --scheduler greedy --nolock \
-  --rerun-incomplete --configfile ${CONFIGS:-config/config.yaml} \
-  > >(tee "$OUT/snakemake.log") 2>&1
-rc=$?
-echo "gpu_run.sh: snakemake exit $rc after $((SECONDS - start)) s" \
-  "(124: stopped at the budget; the next command goes on from the kept blocks)"
+  --rerun-incomplete --configfile ${CONFIGS:-config/config.yaml} 2>&1 | tee "$OUT/snakemake.log"
+rc=${PIPESTATUS[0]}
+echo "gpu_run.sh: snakemake exit $rc after $((SECONDS - start)) s"
+if ((rc == 124 || rc == 137)); then
+  echo "gpu_run.sh: stopped at the budget; run the same command again to go on from the kept blocks"
+fi
 
 pack() {  # pack NAME PATH...: a gzipped tar in parts of 15 MiB, if any PATH exists
   local name=$1 have=()
   shift
+  rm -f "$OUT/$name".tgz.*
   for p in "$@"; do [[ -e $p ]] && have+=("$p"); done
   ((${#have[@]})) && tar -czf - "${have[@]}" | split -b 15M -d - "$OUT/$name.tgz."
 }

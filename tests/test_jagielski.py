@@ -74,6 +74,8 @@ def test_scores_match_a_direct_torch_computation():
     assert set(jagielski.score_models(params, model, task, "clipbkd")) == {
         "clipbkd", "clipbkd_logit", "test_acc"}
     assert set(jagielski.score_models(params, model, task, "mi")) == {"mi", "mi_yeom", "test_acc"}
+    with pytest.raises(ValueError, match="attack='bogus'"):
+        jagielski.score_models(params, model, task, "bogus")
     for k in range(3):
         net = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
         with torch.no_grad():
@@ -289,9 +291,21 @@ def test_paper_table2_values_and_markdown():
     assert "Against the paper: 2 of 3 cells (67%) within +-0.5 of its value." in md
     assert "by init: fixed init -1.34," in md and "by eps_th: 8 -0.05, inf -0.73;" in md
     assert jagielski.paper_agreement(table, tol=2.0)["within"] == 3
-    # cells the paper lacks are left out of the count
+    # cells the paper lacks are left out of the count; cells we lack are counted apart
     extra = pd.concat([table, table.iloc[:1].assign(clip=4.0, paper_eps_lb=math.nan)])
     assert jagielski.paper_agreement(extra)["cells"] == 3
+    lost = table.assign(eps_lb_best_k=[math.nan, 0.3, 0.2])
+    agree = jagielski.paper_agreement(lost)
+    assert (agree["cells"], agree["within"], agree["unmeasured"]) == (2, 2, 1)
+    assert "fixed init" not in agree["mean_diff"]["init"]
+    assert "(1 more cells of the paper have no value here)" in jagielski.table2_markdown(lost)
+    # eps labels read back from a CSV as numbers are the config's labels again
+    read_back = table.assign(eps_label=[math.inf, math.inf, 8.0])
+    assert set(jagielski.paper_agreement(read_back)["mean_diff"]["eps_label"]) == {"8", "inf"}
+    with pytest.raises(ValueError, match="tol=-1"):
+        jagielski.paper_agreement(table, tol=-1)
+    with pytest.raises(ValueError, match="no column paper_eps_lb"):
+        jagielski.table2_markdown(table.drop(columns="paper_eps_lb"))
 
 
 def test_cli_md_writes_table2_from_its_csv_and_refuses_other_tables(tmp_path):
@@ -308,8 +322,9 @@ def test_cli_md_writes_table2_from_its_csv_and_refuses_other_tables(tmp_path):
     # the CSV's eps labels read back as numbers; the Markdown shows the config's labels
     assert "| inf (0) | 4.40 (4.54) [4.30] | - |" in md and "| 8 (1.01) |" in md
     assert "2 of 2 cells (100%) within +-0.5" in md
-    assert main(["jagielski-md", "--table", str(tmp_path / "t2.csv"), "--out", str(out),
-                 "--tolerance", "-1"]) == 2
+    with pytest.raises(SystemExit, match="2"):
+        main(["jagielski-md", "--table", str(tmp_path / "t2.csv"), "--out", str(out),
+              "--tolerance", "-1"])
     write_table(table.drop(columns="paper_eps_lb"), tmp_path / "bad.csv", {"command": "test"})
     assert main(["jagielski-md", "--table", str(tmp_path / "bad.csv"), "--out", str(out)]) == 2
 

@@ -93,6 +93,14 @@ def test_bad_config_stops_naming_the_key(tmp_path, path, value, words):
         assert word in out.stdout + out.stderr
 
 
+def test_reference_tables_are_read_from_the_repository_whatever_the_directory(tmp_path):
+    """The default `reference_dir` is relative to the repository, not to --directory (a
+    dry run names the input, or reports it missing while no GPU run has filled it)."""
+    out = snakemake("-n", "jagielski_reference", "--directory", str(tmp_path))
+    folder = re.escape(str(ROOT / "reference"))
+    assert re.search(rf"{folder}/jagielski_(fig2|table2)\.csv", out.stdout + out.stderr)
+
+
 def test_slurm_profile_dry_run(tmp_path):
     out = snakemake("-n", "--profile", str(ROOT / "profiles" / "slurm"), "--directory",
                     str(tmp_path), "--configfile", str(ROOT / "config" / "quick.yaml"))

@@ -10,6 +10,7 @@ and ``jagielski-md`` writes Table 2's Markdown from its table (as from ``referen
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
 from . import spec_arg
 
-from ..experiments.jagielski import AUDIT_KEYS, TASK_KEYS, TRAIN_KEYS
+from ..experiments.jagielski import AUDIT_KEYS, PAPER_TOL, TASK_KEYS, TRAIN_KEYS
 
 
 def _train_schema() -> dict:
@@ -220,21 +221,27 @@ def _audit(args) -> None:
     write_table(table, args.out, prov)
 
 
+def _tolerance(text: str) -> float:
+    """argparse type of --tolerance: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number >= 0")
+    return value
+
+
 def _markdown(args) -> None:
     from ..experiments import jagielski
     from ..io import read_table, write_text
-    from ..plots.jagielski import eps_label
 
-    if not args.tolerance >= 0:
-        raise SpecError(f"--tolerance={args.tolerance}: must be >= 0")
     table, _ = read_table(args.table)
-    missing = sorted({"eps_label", "init", "clip", "noise", "eps_lb", "eps_lb_best_k",
-                      "paper_eps_lb"} - set(table.columns))
-    if missing:
-        raise SpecError(f"--table {args.table}: not a Table 2 table from jagielski-audit "
-                        f"(no column {', '.join(missing)})")
-    table["eps_label"] = table.eps_label.map(eps_label)  # the CSV reads "4" as 4.0
-    write_text(jagielski.table2_markdown(table, args.tolerance), args.out)
+    try:
+        text = jagielski.table2_markdown(table, args.tolerance)
+    except ValueError as exc:
+        raise SpecError(f"--table {args.table}: {exc}") from exc
+    write_text(text, args.out)
 
 
 def _plot(args) -> None:
@@ -311,8 +318,9 @@ def register(subparsers) -> None:
         "jagielski-md", help="Table 2 as Markdown, beside the paper's, from its CSV")
     p.add_argument("--table", type=Path, required=True,
                    help="Table 2 CSV from jagielski-audit --experiment table2")
-    p.add_argument("--tolerance", type=float, default=0.5,
-                   help="count the cells within this distance of the paper's value")
+    p.add_argument("--tolerance", type=_tolerance, default=PAPER_TOL,
+                   help="count the cells within this distance of the paper's value "
+                        f"(default {PAPER_TOL})")
     p.add_argument("--out", type=Path, required=True, help="Markdown file")
     p.set_defaults(func=_markdown)
 

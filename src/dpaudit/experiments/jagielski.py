@@ -641,15 +641,52 @@ TABLE2_NOTES = (
 )
 
 
-def paper_agreement(table: pd.DataFrame, tol: float = 0.5) -> dict:
-    """How ``eps_lb_best_k`` compares with ``paper_eps_lb`` over the cells the paper has:
-    ``cells``, ``within`` (cells with |ours - paper| <= ``tol``), ``tol`` and ``mean_diff``,
-    the mean of ours - paper by ``init``, ``eps_label`` and ``clip`` (where the two differ
-    systematically)."""
-    t = table[table.paper_eps_lb.notna()]
-    diff = (t.eps_lb_best_k - t.paper_eps_lb).rename("diff")
-    keys = {"init": t.init, "eps_label": t.eps_label.astype(str), "clip": t["clip"]}
+#: Distance from the paper's value within which a Table 2 cell counts as reproduced.
+PAPER_TOL = 0.5
+#: Columns of a Table 2 table that its Markdown and the comparison with the paper read.
+TABLE2_COLUMNS = ("eps_label", "init", "clip", "noise", "eps_lb", "eps_lb_best_k", "paper_eps_lb")
+
+
+def eps_label(value) -> str:
+    """An eps label as written in the config ("4", "inf"), also after a CSV round trip
+    (which reads "4" as 4.0 and "inf" as infinity)."""
+    try:
+        v = float(value)
+    except ValueError:
+        return str(value)
+    return "inf" if math.isinf(v) else f"{v:g}"
+
+
+def init_order(init: str) -> tuple[bool, str]:
+    """Sort key of init labels: the fixed init first, then the Glorot scales."""
+    return init != "fixed", init
+
+
+def _table2(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its eps labels as in the config, if it has :data:`TABLE2_COLUMNS`."""
+    missing = sorted(set(TABLE2_COLUMNS) - set(table.columns))
+    if missing:
+        raise ValueError("not a Table 2 table from jagielski-audit --experiment table2 (no "
+                         f"column {', '.join(missing)})")
+    return table.assign(eps_label=table.eps_label.map(eps_label))
+
+
+def paper_agreement(table: pd.DataFrame, tol: float = PAPER_TOL) -> dict:
+    """How ``eps_lb_best_k`` compares with ``paper_eps_lb`` over the cells that have both:
+    ``cells``, ``within`` (cells with |ours - paper| <= ``tol``), ``tol``, ``unmeasured``
+    (cells the paper has and we do not) and ``mean_diff``, the mean of ours - paper by
+    ``init``, ``eps_label`` and ``clip`` (where the two differ systematically)."""
+    if not tol >= 0:
+        raise ValueError(f"tol={tol}: must be >= 0")
+    table = _table2(table)
+    paper = table[table.paper_eps_lb.notna()]
+    t = paper[paper.eps_lb_best_k.notna()]
+    diff = t.eps_lb_best_k - t.paper_eps_lb
+    keys = {"init": t.init, "eps_label": t.eps_label, "clip": t["clip"]}
+    # The paper's values have two decimals: a difference of exactly tol must not fall out
+    # by float rounding.
     return {"cells": len(t), "within": int((diff.abs() <= tol + 1e-9).sum()), "tol": tol,
+            "unmeasured": len(paper) - len(t),
             "mean_diff": {name: {k: float(v) for k, v in diff.groupby(by).mean().items()}
                           for name, by in keys.items()}}
 
@@ -663,28 +700,30 @@ def _agreement_lines(agree: dict) -> list[str]:
         return ", ".join(f"{name(k)} {by[group][k]:+.2f}" for k in sorted(by[group], key=order))
 
     share = agree["within"] / agree["cells"]
+    unmeasured = (f" ({agree['unmeasured']} more cells of the paper have no value here)"
+                  if agree["unmeasured"] else "")
     return ["", f"Against the paper: {agree['within']} of {agree['cells']} cells "
-            f"({share:.0%}) within +-{agree['tol']:g} of its value. Mean of ours - paper, "
-            f"by init: {means('init', lambda i: (i != 'fixed', i), init_name)}; "
-            f"by eps_th: {means('eps_label', lambda e: float(e), str)}; "
+            f"({share:.0%}) within +-{agree['tol']:g} of its value{unmeasured}. Mean of "
+            f"ours - paper, by init: {means('init', init_order, init_name)}; "
+            f"by eps_th: {means('eps_label', float, str)}; "
             f"by C: {means('clip', float, lambda c: f'{c:g}')}."]
 
 
-def table2_markdown(table: pd.DataFrame, tol: float = 0.5) -> str:
+def table2_markdown(table: pd.DataFrame, tol: float = PAPER_TOL) -> str:
     """Table 2 as Markdown: rows eps_th, columns init, cells "ours (paper) [certified]" for
     each clipping norm, separated by " / " as in the paper (:data:`TABLE2_NOTES`), then how
     many cells are within ``tol`` of the paper and the mean differences
-    (:func:`paper_agreement`)."""
-    inits = sorted(table.init.unique(), key=lambda i: (i != "fixed", i))
+    (:func:`paper_agreement`). ValueError if ``table`` lacks :data:`TABLE2_COLUMNS`."""
+    table = _table2(table)
+    inits = sorted(table.init.unique(), key=init_order)
     clips = sorted(table["clip"].unique())
-    labels = sorted(table.eps_label.astype(str).unique(),
-                    key=lambda e: math.inf if e == "inf" else float(e))
+    labels = sorted(table.eps_label.unique(), key=float)  # float("inf") is inf
     lines = [f"ClipBKD eps_LB, C = {' / '.join(f'{c:g}' for c in clips)}", "",
              *(f"- {note}" for note in TABLE2_NOTES), "",
              "| eps_th (noise) | " + " | ".join(init_name(i) for i in inits) + " |",
              "|---" * (len(inits) + 1) + "|"]
     for e in labels:
-        sub = table[table.eps_label.astype(str) == e]
+        sub = table[table.eps_label == e]
         noise = sub.noise.iloc[0]
         cells = []
         for i in inits:
@@ -710,4 +749,5 @@ __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDI
            "TRAINED_DIR", "check_grid", "grid_cells", "groups", "grid_models", "train_spec",
            "TABLE2_NOTES",
            "theoretical_eps", "PAPER_TABLE2", "paper_table2", "with_paper_table2",
-           "paper_agreement", "table2_markdown"]
+           "PAPER_TOL", "TABLE2_COLUMNS", "eps_label", "init_order", "paper_agreement",
+           "table2_markdown"]

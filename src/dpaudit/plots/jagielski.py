@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 
+from ..experiments.jagielski import eps_label, init_order
 from ..io import read_table
 from .style import COLORS, figure, save
 
@@ -21,16 +22,6 @@ def _x_positions(eps_th: np.ndarray) -> tuple[np.ndarray, float]:
     finite = eps_th[np.isfinite(eps_th)]
     x_inf = 2 * finite.max() if finite.size else 1.0
     return np.where(np.isfinite(eps_th), eps_th, x_inf), x_inf
-
-
-def eps_label(value) -> str:
-    """An eps label as written in the config ("4", "inf"), also after a CSV round trip
-    (which reads "4" as 4.0 and "inf" as infinity)."""
-    try:
-        v = float(value)
-    except ValueError:
-        return str(value)
-    return "inf" if math.isinf(v) else f"{v:g}"
 
 
 #: Attacks whose neighbouring data sets replace rows (two add/remove steps per row).
@@ -121,7 +112,7 @@ def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     eps_th, columns init x clipping norm, each cell annotated "ours (paper) [certified]",
     the certified one being ``eps_lb`` (99%, Bonferroni over k)."""
     df, _ = read_table(table)
-    inits = sorted(df.init.unique(), key=lambda i: (i != "fixed", i))
+    inits = sorted(df.init.unique(), key=init_order)
     clips = sorted(df["clip"].unique())
     df["eps_label"] = df.eps_label.map(eps_label)
     labels = sorted(df.eps_label.unique(), key=lambda e: math.inf if e == "inf" else float(e))

@@ -8,7 +8,8 @@ import os
 import numpy as np
 
 from ..io import read_table
-from .jagielski import ARCH_NAMES, eps_label
+from ..experiments.jagielski import eps_label
+from .jagielski import ARCH_NAMES
 from .style import figure, save
 
 #: (canary, threat model) -> (legend name, colour).

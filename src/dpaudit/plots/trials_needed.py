@@ -9,7 +9,8 @@ import numpy as np
 
 from ..experiments.trials_needed import METHODS
 from ..io import read_table
-from .jagielski import ARCH_NAMES, ATTACK_NAMES, DATASET_NAMES, eps_label
+from ..experiments.jagielski import eps_label
+from .jagielski import ARCH_NAMES, ATTACK_NAMES, DATASET_NAMES
 from .style import figure, save
 
 #: Line style per method: the certified bound solid, the others dashed or dotted.
