@@ -215,15 +215,14 @@ def check_grid(jag: dict, onerun: dict | None = None) -> None:
     one-run comparison (config section ``onerun``) has no noise multiplier in its data
     set's table."""
     f2, t2 = jag["fig2"], jag["table2"]
-    wanted = [("fig2.eps", d, e) for d in f2["datasets"] for e in f2["eps"]]
-    wanted += [("table2.eps", t2["dataset"], e) for e in t2["eps"]]
+    wanted = [("jagielski.fig2.eps", d, e) for d in f2["datasets"] for e in f2["eps"]]
+    wanted += [("jagielski.table2.eps", t2["dataset"], e) for e in t2["eps"]]
     wanted += [("onerun.eps", "fmnist", e) for e in (onerun or {}).get("eps", [])]
     for key, dataset, label in wanted:
         noise = jag["datasets"][dataset]["noise"]
         if label not in noise:
-            section = "onerun" if key.startswith("onerun") else "jagielski"
-            raise ValueError(f"config {section}.{key.split('.', 1)[-1] if section == 'onerun' else key}"
-                             f": {label!r} is not a key of jagielski.datasets.{dataset}.noise "
+            raise ValueError(f"config {key}: {label!r} is not a key of "
+                             f"jagielski.datasets.{dataset}.noise "
                              f"(allowed: {sorted(noise)})")
 
 
@@ -257,7 +256,7 @@ def groups(cells) -> dict[tuple[str, str, str], list[tuple]]:
     out: dict[tuple, set] = {}
     for d, a, clip, init, eps, att in cells:
         out.setdefault((d, a, att), set()).add((float(clip), init, eps))
-    return {g: sorted(c, key=lambda c: (c[0], c[1], math.inf if c[2] == "inf" else float(c[2])))
+    return {g: sorted(c, key=lambda c: (c[0], c[1], float(c[2])))  # float("inf") is inf
             for g, c in sorted(out.items())}
 
 
@@ -490,16 +489,17 @@ def audit_scores(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
         pos = bounds.scores_array(f"scores[{stat!r}] of D1 (k={k})",
                                   grp.sort_values("trial")[stat], 2)
         cp = partial(_cp, delta=delta, k=int(k))
-        split = bounds.threshold_split_audit(pos, neg, cp, alpha, select_frac)
+        halves = bounds.split_trials(pos, neg, select_frac)  # select, select, eval, eval
+        split = bounds.threshold_holdout_audit(*halves, cp, alpha)
         row = {"statistic": stat, "k": int(k), "eps_lb": split.value,
                "threshold": split.threshold, "tpr": split.ct_pos / split.n_pos,
                "fpr": split.ct_neg / split.n_neg, "n_eval_pos": split.n_pos,
                "n_eval_neg": split.n_neg}
         if not split_only:
             counts = (split.ct_pos, split.n_pos, split.ct_neg, split.n_neg, alpha, delta, int(k))
-            eval_pos, eval_neg = bounds.split_trials(pos, neg, select_frac)[2:]
+            eval_pos, eval_neg = halves[2:]
             scan = bounds.threshold_scan_audit(pos, neg, cp, alpha)
-            gdp = bounds.threshold_split_audit(pos, neg, bounds.mu_lb_gdp, alpha, select_frac)
+            gdp = bounds.threshold_holdout_audit(*halves, bounds.mu_lb_gdp, alpha)
             row.update({name: bounds.tpr_at_fpr(eval_pos, eval_neg, level)
                         for name, level in ROC_LEVELS.items()},
                        auc=bounds.auc(eval_pos, eval_neg),

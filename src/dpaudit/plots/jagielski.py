@@ -115,7 +115,7 @@ def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     inits = sorted(df.init.unique(), key=init_order)
     clips = sorted(df["clip"].unique())
     df["eps_label"] = df.eps_label.map(eps_label)
-    labels = sorted(df.eps_label.unique(), key=lambda e: math.inf if e == "inf" else float(e))
+    labels = sorted(df.eps_label.unique(), key=float)  # float("inf") is inf
     grid = np.full((len(labels), len(inits) * len(clips)), np.nan)
     text = np.full(grid.shape, "", dtype=object)
     for r in df.itertuples():
