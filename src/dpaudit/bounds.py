@@ -375,12 +375,40 @@ def mu_lb_gdp(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.05):
     return _scalar_or_array(np.where(np.isfinite(mu) & (mu > 0), mu, 0.0))
 
 
+#: 20-point Gauss-Legendre nodes and weights on [-1, 1] (:func:`delta_from_mu` at small mu).
+_GAUSS_LEGENDRE = np.polynomial.legendre.leggauss(20)
+
+
+def _normal_log_slope_plus_t(t: np.ndarray) -> np.ndarray:
+    """``q(t) = t + phi(t) / Phi(t)``, positive, to about 1e-14 relative: directly (by
+    ``erfcx``) above ``t = -4``, below by Laplace's continued fraction of the Mills ratio,
+    ``q(-x) = 1 / (x + 2 / (x + 3 / (x + ...)))`` (40 terms), where the sum would cancel."""
+    t = np.asarray(t, float)
+    out = np.empty_like(t)
+    near = t > -4.0
+    out[near] = t[near] + math.sqrt(2 / math.pi) / special.erfcx(-t[near] / math.sqrt(2))
+    x = -t[~near]
+    f = x.copy()
+    for j in range(40, 1, -1):
+        f = x + j / f
+    out[~near] = 1.0 / f
+    return out
+
+
 def delta_from_mu(mu: float, eps: float) -> float:
     """delta(eps) of mu-GDP: ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``.
 
     [DRS19] Corollary 2.13; evaluated in log space so large eps does not overflow.  Needs
     ``mu >= 0`` (0 at ``mu = 0``) and ``eps >= 0`` (the formula is no privacy profile
     below 0); a ValueError names a bad argument.
+
+    With ``t1 = -eps/mu - mu/2``, ``t2 = t1 + mu`` the result is ``Phi(t2) (1 - e^D)``,
+    ``D = eps + log Phi(t1) - log Phi(t2)``.  Where that difference of logs cancels (small
+    mu, where the two terms nearly agree; huge mu or eps, where the logs are huge) D is
+    computed without it: since ``t2^2 - t1^2 = -2 eps``, ``D = -integral_{t1}^{t2} q(t) dt``
+    with ``q(t) = t + phi(t)/Phi(t) > 0`` (Gauss-Legendre for ``mu <= 2``), or, by
+    ``Phi(t) = erfcx(-t/sqrt 2) e^{-t^2/2} / 2``, a difference of ``log erfcx``.  Accurate
+    to about 1e-12 relative for every mu and eps (checked against mpmath).
     """
     for name, value in (("mu", mu), ("eps", eps)):
         a = np.asarray(value)
@@ -389,16 +417,33 @@ def delta_from_mu(mu: float, eps: float) -> float:
     mu, eps = float(mu), float(eps)
     if mu == 0 or eps == math.inf:
         return 0.0
-    a = special.log_ndtr(-eps / mu + mu / 2)
-    b = eps + special.log_ndtr(-eps / mu - mu / 2)
-    return float(np.exp(a) * -np.expm1(min(b - a, 0.0)))
+    if mu == math.inf:
+        return 1.0
+    t1, t2 = -eps / mu - mu / 2, -eps / mu + mu / 2
+    if t2 < -40.0:  # delta < Phi(-40) < 1e-349: 0 in floating point
+        return 0.0
+    a = special.log_ndtr(t2)
+    b = eps + special.log_ndtr(t1)
+    d = b - a
+    # rounding in d (a few ulps of its terms) against the size of 1 - e^d it must resolve
+    err = 1e-15 * (eps + abs(b - eps) + abs(a))
+    if not (d < 0 and (d == -math.inf or err * math.exp(d) <= 1e-12 * -math.expm1(d))):
+        if mu <= 2.0:
+            nodes, weights = _GAUSS_LEGENDRE
+            d = -(mu / 2) * float(weights @ _normal_log_slope_plus_t(t1 + (nodes + 1) * mu / 2))
+        else:
+            s1, s2 = -t1 / math.sqrt(2), -t2 / math.sqrt(2)
+            d = (math.log(special.erfcx(s1)) - math.log(special.erfcx(s2)) if t2 <= 0 else
+                 -t2 * t2 / 2 + math.log(special.erfcx(s1) / 2) - special.log_ndtr(t2))
+    return float(np.exp(a) * -np.expm1(min(d, 0.0)))
 
 
 def eps_from_mu(mu: float, delta: float) -> float:
     """The smallest eps with mu-GDP => (eps, delta)-DP ([DRS19] Corollary 2.13).
 
     Solves ``delta_from_mu(mu, eps) = delta`` for eps >= 0 (the function decreases in eps);
-    0 when already ``delta_from_mu(mu, 0) <= delta``.  ``mu = inf`` gives ``inf``.
+    0 when already ``delta_from_mu(mu, 0) <= delta``.  ``mu = inf``, or a mu so large that
+    eps (about ``mu^2 / 2``) is beyond floating point, gives ``inf``.
     """
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta={delta!r}: must lie strictly between 0 and 1")
@@ -408,9 +453,12 @@ def eps_from_mu(mu: float, delta: float) -> float:
         return float("inf")
     if delta_from_mu(mu, 0.0) <= delta:
         return 0.0
-    hi = max(1.0, mu * mu)
+    top = np.finfo(float).max
+    hi = min(max(1.0, mu * mu), top)
     while delta_from_mu(mu, hi) > delta:
-        hi *= 2
+        if hi == top:
+            return math.inf
+        hi = min(2 * hi, top)
     return float(optimize.brentq(lambda e: delta_from_mu(mu, e) - delta, 0.0, hi, xtol=1e-12,
                                  rtol=1e-12))
 
