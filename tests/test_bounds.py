@@ -122,6 +122,50 @@ def test_eps_from_mu_edges():
         eps_from_mu(-1.0, 1e-5)
 
 
+def _gdp_delta_mpmath(mu: float, eps: float) -> float:
+    """delta(eps) of mu-GDP straight from [DRS19] Corollary 2.13 in mpmath, carrying enough
+    digits for the cancellation of its two terms (they agree to about mu / 40 relative)."""
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(60 + 2 * int(max(0.0, -math.log10(mu)))):
+        m, e = mp.mpf(mu), mp.mpf(eps)
+        return float(mp.ncdf(-e / m + m / 2) - mp.exp(e) * mp.ncdf(-e / m - m / 2))
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("mu", [1e-300, 1e-100, 1e-20, 1e-8, 1e-3, 0.06, 0.5, 1.0, 2.0, 2.5,
+                                10.0, 1e3, 1e5])
+def test_delta_from_mu_is_accurate_from_tiny_to_huge_mu(mu):
+    """Small mu made the two terms cancel (NaN at mu = 1e-300, 0 at 1e-20 where delta(0) is
+    mu / sqrt(2 pi)) and large eps or mu made the logs huge: every value, also where it is
+    far below delta's usual range, to 1e-12 of mpmath's, and no floating-point warning."""
+    for eps in [0.0, 1e-300, 1e-20, 1e-5, 0.01, 0.3, 1.0, 5.0, 30.0, 1e3, 1e6, 1e300]:
+        if -eps / mu + mu / 2 < -40:  # delta < Phi(-40) < 1e-349: 0 in floating point
+            assert bounds.delta_from_mu(mu, eps) == 0.0
+            continue
+        ref = _gdp_delta_mpmath(mu, eps)
+        assert bounds.delta_from_mu(mu, eps) == pytest.approx(ref, rel=1e-12, abs=1e-320), eps
+    # at eps = 0 a closed form, the total variation erf(mu / (2 sqrt 2))
+    assert bounds.delta_from_mu(mu, 0.0) == pytest.approx(special.erf(mu / 2 / math.sqrt(2)),
+                                                          rel=1e-14)
+
+
+def test_eps_from_mu_at_tiny_and_huge_mu_against_mpmath():
+    mp = pytest.importorskip("mpmath")
+    for mu, delta in ((1e-8, 1e-12), (1e-3, 1e-6), (1e3, 1e-5), (1e6, 1e-10)):
+        eps = eps_from_mu(mu, delta)
+        with mp.workdps(80):
+            m = mp.mpf(mu)
+
+            def gap(e):
+                return mp.ncdf(-e / m + m / 2) - mp.exp(e) * mp.ncdf(-e / m - m / 2) - delta
+
+            ref = mp.findroot(gap, (mp.mpf(eps) * (1 - 1e-6), mp.mpf(eps) * (1 + 1e-6)),
+                              solver="anderson")
+        assert eps == pytest.approx(float(ref), rel=1e-10), (mu, delta)
+    assert eps_from_mu(1e300, 1e-5) == math.inf  # eps ~ mu^2 / 2 is beyond floating point
+    assert math.isfinite(eps_from_mu(1e150, 1e-5))
+
+
 def test_one_run_pure_is_steinke_thm1_and_matches_bisection():
     m, beta = 1000, 0.05
     assert eps_lb_one_run(m, 1000, 520, beta=beta) == 0.0  # P[Bin(1000, 1/2) >= 520] > beta

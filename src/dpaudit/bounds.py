@@ -13,6 +13,10 @@ asymptotic interval) and :func:`eps_lb_bayes` is the lower end of a Bayesian cre
 interval, not a confidence bound.
 
 The counting functions broadcast over array arguments and return a float for scalar input.
+Every public function checks each argument first: a bad one (a NaN, a boolean, text, a
+complex number, an out-of-range level, a count that is not whole, a shape that does not
+broadcast) raises a ValueError that names it and says what is allowed, never a result
+computed from it (``tests/test_bounds_fuzz.py`` calls each with such values).
 
 References
 ----------
@@ -37,7 +41,9 @@ References
 
 from __future__ import annotations
 
+import inspect
 import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Callable
@@ -78,23 +84,54 @@ def _scalar_or_array(x: np.ndarray):
     return float(x) if np.ndim(x) == 0 else x
 
 
+#: Largest whole number accepted as a count: beyond it floats skip integers and int64 nears
+#: its end, so a count of 1e30 would silently become another number.
+_MAX_WHOLE = 2**53
+
+
+def _real(name: str, value, allowed: str = "be real numbers") -> np.ndarray:
+    """``value`` as an array of real numbers (integer or float dtype); a ValueError naming
+    the argument for anything else: None, text, bytes, booleans, complex numbers (numpy
+    would cast text to numbers and complex to its real part), objects, ragged nesting."""
+    try:
+        a = np.asarray(value)
+        if a.dtype == object and all(isinstance(x, (int, float, np.integer, np.floating))
+                                     and not isinstance(x, bool) for x in a.ravel()):
+            a = a.astype(float)  # Python ints beyond int64 (the size check refuses them)
+    except (TypeError, ValueError):
+        a = np.asarray(None)
+    if a.dtype.kind not in "iuf":
+        raise ValueError(f"{name}={value!r}: must {allowed}")
+    return a
+
+
 def _whole(name: str, value) -> np.ndarray:
-    """``value`` as int64 if every entry is a finite whole number; else a ValueError naming
-    the argument (NaN, infinities, 75.5, strings and empty arrays are refused)."""
-    a = np.asarray(value)
+    """``value`` as int64 if every entry is a finite whole number of at most 2**53 in size;
+    else a ValueError naming the argument (NaN, infinities, 75.5, 1e30, booleans, complex
+    numbers, strings and empty arrays are refused)."""
+    a = _real(name, value, "be a whole number")
     if a.size == 0:
-        raise ValueError(f"{name} is empty")
-    if a.dtype == bool or not np.issubdtype(a.dtype, np.number):
-        raise ValueError(f"{name}={value!r}: must be a whole number")
-    if not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
-        raise ValueError(f"{name}={value!r}: must be a finite whole number")
+        raise ValueError(f"{name} is empty: must hold at least one whole number")
+    if not np.all(np.isfinite(a)) or np.any(a != np.round(a)) or np.any(
+            np.abs(a) > _MAX_WHOLE):
+        raise ValueError(f"{name}={value!r}: must be a finite whole number (at most 2**53)")
     return a.astype(np.int64)
+
+
+def _broadcast(**arrays) -> list[np.ndarray]:
+    """The arrays broadcast together; a ValueError naming the arguments whose shapes clash."""
+    try:
+        return np.broadcast_arrays(*arrays.values())
+    except ValueError:
+        shaped = [f"{name} {np.shape(a)}" for name, a in arrays.items() if np.ndim(a)]
+        raise ValueError(f"{' and '.join(shaped)}: must broadcast to one shape") from None
 
 
 def _check_counts(ct_pos, n_pos, ct_neg, n_neg):
     ct_pos, n_pos, ct_neg, n_neg = (_whole(name, a) for name, a in
                                     zip(("ct_pos", "n_pos", "ct_neg", "n_neg"),
                                         (ct_pos, n_pos, ct_neg, n_neg)))
+    _broadcast(ct_pos=ct_pos, n_pos=n_pos, ct_neg=ct_neg, n_neg=n_neg)
     for ct, n, side in ((ct_pos, n_pos, "pos"), (ct_neg, n_neg, "neg")):
         if np.any(n < 1):
             raise ValueError(f"n_{side}={n!r}: must be >= 1")
@@ -103,28 +140,37 @@ def _check_counts(ct_pos, n_pos, ct_neg, n_neg):
     return ct_pos, n_pos, ct_neg, n_neg
 
 
-def _check_k(k) -> int:
-    k = _whole("k", k)
-    if k.ndim or k < 1:
-        raise ValueError(f"k={k!r}: must be an integer >= 1 (the number of inserted canaries)")
-    return int(k)
+def _check_k(k, name: str = "k", low: int = 1) -> int:
+    """A single whole number >= ``low`` (``k`` the number of inserted canaries, ``k_max``,
+    a grid size, ...)."""
+    a = _whole(name, k)
+    if a.ndim or a < low:
+        raise ValueError(f"{name}={k!r}: must be a single whole number >= {low}")
+    return int(a)
 
 
-def _number(name: str, value) -> float:
-    if isinstance(value, (bool, np.bool_)) or np.ndim(value) or not isinstance(
-            value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name}={value!r}: must be a number")
-    return float(value)
+def _number(name: str, value, allowed: str = "be a number",
+            ok: Callable[[float], bool] = lambda x: not math.isnan(x)) -> float:
+    """``value`` as a float if it is one real number (a 0-d array counts) with ``ok(value)``;
+    else a ValueError ``"<name>=<value>: must <allowed>"``."""
+    x = value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        raise ValueError(f"{name}={value!r}: must {allowed}")
+    try:
+        x = float(x)
+    except OverflowError:  # a Python int beyond floating point
+        x = math.copysign(math.inf, x)
+    if not ok(x):
+        raise ValueError(f"{name}={value!r}: must {allowed}")
+    return x
 
 
-def _check_delta(delta: float) -> None:
-    if not 0.0 <= _number("delta", delta) < 1.0:
-        raise ValueError(f"delta={delta!r}: must lie in [0, 1)")
+def _check_delta(delta: float) -> float:
+    return _number("delta", delta, "lie in [0, 1)", lambda x: 0.0 <= x < 1.0)
 
 
-def _check_level(name: str, value: float) -> None:
-    if not 0.0 < _number(name, value) < 1.0:
-        raise ValueError(f"{name}={value!r}: must lie strictly between 0 and 1")
+def _check_level(name: str, value: float) -> float:
+    return _number(name, value, "lie strictly between 0 and 1", lambda x: 0.0 < x < 1.0)
 
 
 def clopper_pearson(ct, n, alpha: float) -> tuple[np.ndarray, np.ndarray]:
@@ -136,9 +182,12 @@ def clopper_pearson(ct, n, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     ``scipy.stats.binomtest(ct, n).proportion_ci(1 - alpha, "exact")``, vectorized.
     """
     ct, n = _whole("ct", ct), _whole("n", n)
-    if np.any(n < 1) or np.any((ct < 0) | (ct > n)):
-        raise ValueError(f"ct={ct!r}, n={n!r}: need n >= 1 and 0 <= ct <= n")
-    _check_level("alpha", alpha)
+    _broadcast(ct=ct, n=n)
+    if np.any(n < 1):
+        raise ValueError(f"n={n!r}: must be >= 1")
+    if np.any((ct < 0) | (ct > n)):
+        raise ValueError(f"ct={ct!r}: must satisfy 0 <= ct <= n (n={n!r})")
+    alpha = _check_level("alpha", alpha)
     ct, n = ct.astype(float), n.astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         lo = np.where(ct > 0, stats.beta.ppf(alpha / 2, ct, n - ct + 1), 0.0)
@@ -375,50 +424,97 @@ def mu_lb_gdp(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.05):
     return _scalar_or_array(np.where(np.isfinite(mu) & (mu > 0), mu, 0.0))
 
 
+#: 20-point Gauss-Legendre nodes and weights on [-1, 1] (:func:`delta_from_mu` at small mu).
+_GAUSS_LEGENDRE = np.polynomial.legendre.leggauss(20)
+
+
+def _normal_log_slope_plus_t(t: np.ndarray) -> np.ndarray:
+    """``q(t) = t + phi(t) / Phi(t)``, positive, to about 1e-14 relative: directly (by
+    ``erfcx``) above ``t = -4``, below by Laplace's continued fraction of the Mills ratio,
+    ``q(-x) = 1 / (x + 2 / (x + 3 / (x + ...)))`` (40 terms), where the sum would cancel."""
+    t = np.asarray(t, float)
+    out = np.empty_like(t)
+    near = t > -4.0
+    out[near] = t[near] + math.sqrt(2 / math.pi) / special.erfcx(-t[near] / math.sqrt(2))
+    x = -t[~near]
+    f = x.copy()
+    for j in range(40, 1, -1):
+        f = x + j / f
+    out[~near] = 1.0 / f
+    return out
+
+
 def delta_from_mu(mu: float, eps: float) -> float:
     """delta(eps) of mu-GDP: ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``.
 
     [DRS19] Corollary 2.13; evaluated in log space so large eps does not overflow.  Needs
     ``mu >= 0`` (0 at ``mu = 0``) and ``eps >= 0`` (the formula is no privacy profile
     below 0); a ValueError names a bad argument.
+
+    With ``t1 = -eps/mu - mu/2``, ``t2 = t1 + mu`` the result is ``Phi(t2) (1 - e^D)``,
+    ``D = eps + log Phi(t1) - log Phi(t2)``.  Where that difference of logs cancels (small
+    mu, where the two terms nearly agree; huge mu or eps, where the logs are huge) D is
+    computed without it: since ``t2^2 - t1^2 = -2 eps``, ``D = -integral_{t1}^{t2} q(t) dt``
+    with ``q(t) = t + phi(t)/Phi(t) > 0`` (Gauss-Legendre for ``mu <= 2``), or, by
+    ``Phi(t) = erfcx(-t/sqrt 2) e^{-t^2/2} / 2``, a difference of ``log erfcx``.  Accurate
+    to about 1e-12 relative for every mu and eps (checked against mpmath).
     """
-    for name, value in (("mu", mu), ("eps", eps)):
-        a = np.asarray(value)
-        if a.ndim or a.dtype == bool or not np.issubdtype(a.dtype, np.number) or not a >= 0:
-            raise ValueError(f"{name}={value!r}: must be a number >= 0")  # NaN fails too
-    mu, eps = float(mu), float(eps)
+    mu = _number("mu", mu, "be a number >= 0", lambda x: x >= 0)  # NaN fails too
+    eps = _number("eps", eps, "be a number >= 0", lambda x: x >= 0)
     if mu == 0 or eps == math.inf:
         return 0.0
-    a = special.log_ndtr(-eps / mu + mu / 2)
-    b = eps + special.log_ndtr(-eps / mu - mu / 2)
-    return float(np.exp(a) * -np.expm1(min(b - a, 0.0)))
+    if mu == math.inf:
+        return 1.0
+    t1, t2 = -eps / mu - mu / 2, -eps / mu + mu / 2
+    if t2 < -40.0:  # delta < Phi(-40) < 1e-349: 0 in floating point
+        return 0.0
+    a = special.log_ndtr(t2)
+    b = eps + special.log_ndtr(t1)
+    d = b - a
+    # rounding in d (a few ulps of its terms) against the size of 1 - e^d it must resolve
+    err = 1e-15 * (eps + abs(b - eps) + abs(a))
+    if not (d < 0 and (d == -math.inf or err * math.exp(d) <= 1e-12 * -math.expm1(d))):
+        if mu <= 2.0:
+            nodes, weights = _GAUSS_LEGENDRE
+            d = -(mu / 2) * float(weights @ _normal_log_slope_plus_t(t1 + (nodes + 1) * mu / 2))
+        else:
+            s1, s2 = -t1 / math.sqrt(2), -t2 / math.sqrt(2)
+            d = (math.log(special.erfcx(s1)) - math.log(special.erfcx(s2)) if t2 <= 0 else
+                 -t2 * t2 / 2 + math.log(special.erfcx(s1) / 2) - special.log_ndtr(t2))
+    return float(np.exp(a) * -np.expm1(min(d, 0.0)))
 
 
 def eps_from_mu(mu: float, delta: float) -> float:
     """The smallest eps with mu-GDP => (eps, delta)-DP ([DRS19] Corollary 2.13).
 
     Solves ``delta_from_mu(mu, eps) = delta`` for eps >= 0 (the function decreases in eps);
-    0 when already ``delta_from_mu(mu, 0) <= delta``.  ``mu = inf`` gives ``inf``.
+    0 when already ``delta_from_mu(mu, 0) <= delta``.  ``mu = inf``, or a mu so large that
+    eps (about ``mu^2 / 2``) is beyond floating point, gives ``inf``.  Needs ``mu >= 0`` and
+    ``0 < delta < 1``; a ValueError names a bad argument.
     """
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta={delta!r}: must lie strictly between 0 and 1")
-    if np.isnan(mu) or mu < 0:
-        raise ValueError(f"mu={mu!r}: must be >= 0")
+    mu = _number("mu", mu, "be a number >= 0", lambda x: x >= 0)
+    delta = _check_level("delta", delta)
     if np.isinf(mu):
         return float("inf")
     if delta_from_mu(mu, 0.0) <= delta:
         return 0.0
-    hi = max(1.0, mu * mu)
+    top = np.finfo(float).max
+    hi = min(max(1.0, mu * mu), top)
     while delta_from_mu(mu, hi) > delta:
-        hi *= 2
+        if hi == top:
+            return math.inf
+        hi = min(2 * hi, top)
     return float(optimize.brentq(lambda e: delta_from_mu(mu, e) - delta, 0.0, hi, xtol=1e-12,
                                  rtol=1e-12))
 
 
 def eps_gdp_estimate(mu: float, delta: float) -> float:
-    """eps at ``delta`` of mu-GDP for a lower bound ``mu``: 0 for ``mu <= 0``, ``inf`` at
-    ``delta = 0`` (which no mu > 0 satisfies). An *estimate* of eps: it holds only if the
-    mechanism's trade-off curve is exactly Gaussian, which subsampled DP-SGD's is not."""
+    """eps at ``delta`` of mu-GDP for a lower bound ``mu``: 0 for ``mu <= 0`` (a lower bound
+    below 0 says nothing), ``inf`` at ``delta = 0`` (which no mu > 0 satisfies). An
+    *estimate* of eps: it holds only if the mechanism's trade-off curve is exactly Gaussian,
+    which subsampled DP-SGD's is not.  A ValueError names a bad argument."""
+    mu = _number("mu", mu, "be a number (a lower bound on mu)")
+    delta = _check_delta(delta)
     if mu <= 0:
         return 0.0
     return math.inf if delta == 0 else eps_from_mu(mu, delta)
@@ -443,6 +539,7 @@ def _one_run_counts(m, r, v):
     """m, r, v of a one-run audit as int64 arrays: whole numbers with 0 <= v <= r <= m, m >= 1."""
     given = m, r, v
     m, r, v = _whole("m", m), _whole("r", r), _whole("v", v)
+    _broadcast(m=m, r=r, v=v)
     if np.any(m < 1):
         raise ValueError(f"m={given[0]!r}: must be >= 1 (the number of canaries)")
     if np.any(r < 0) or np.any(r > m):
@@ -498,7 +595,7 @@ def eps_lb_hoeffding(r, v, beta: float = 0.05):
     the exact binomial bound :func:`eps_lb_one_run` ``(m, r, v, 0, beta)``.  Broadcasts
     over ``r`` and ``v`` (``r`` guesses, ``v`` of them correct).
     """
-    r, v = np.broadcast_arrays(_whole("r", r), _whole("v", v))
+    r, v = _broadcast(r=_whole("r", r), v=_whole("v", v))
     if np.any(r < 1):
         raise ValueError(f"r={r!r}: must be >= 1 (the number of guesses)")
     if np.any(v < 0) or np.any(v > r):
@@ -556,7 +653,12 @@ def _scan(scores_pos, scores_neg, bound: Bound, alpha: float, thresholds,
     separate). Ties: the lowest threshold (``"first"``) or the largest TPR - FPR."""
     ct_pos, ct_neg = _counts_above(scores_pos, scores_neg, thresholds)
     n_pos, n_neg = len(scores_pos), len(scores_neg)
-    values = np.atleast_1d(bound(ct_pos, n_pos, ct_neg, n_neg, alpha))
+    raw = bound(ct_pos, n_pos, ct_neg, n_neg, alpha)
+    values = np.atleast_1d(raw)
+    if values.dtype.kind not in "iuf" or values.shape not in ((1,), ct_pos.shape) or np.any(
+            np.isnan(values)):
+        raise ValueError(f"bound={bound!r} returned {raw!r}: must return a real number (not "
+                         f"NaN) for each of the {ct_pos.size} thresholds")
     if ties == "youden":
         youden = np.broadcast_to(ct_pos / n_pos - ct_neg / n_neg, values.shape)
         i = int(np.lexsort((-np.arange(values.size), youden, values))[-1])
@@ -572,21 +674,45 @@ def _scan(scores_pos, scores_neg, bound: Bound, alpha: float, thresholds,
 
 
 def scores_array(name: str, scores, min_size: int = 1) -> np.ndarray:
-    """``scores`` as a flat float array; a ValueError naming ``name`` if it has fewer than
-    ``min_size`` entries or a NaN (infinite scores order like any other)."""
-    try:
-        a = np.asarray(scores, dtype=float).ravel()
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: must be numbers ({exc})") from None
+    """``scores``, one-dimensional real numbers, as a float array; a ValueError naming
+    ``name`` (the argument's name in messages) if it has fewer than ``min_size`` entries, a
+    NaN (infinite scores order like any other), or is not such an array (text, booleans and
+    complex numbers are refused, not converted)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name={name!r}: must be a non-empty string (the scores' name in "
+                         f"messages)")
+    min_size = _check_k(min_size, "min_size", low=0)
+    a = _real(name, scores, "be a one-dimensional array of real numbers")
+    if a.ndim != 1:
+        raise ValueError(f"{name} has shape {a.shape}: must be one-dimensional (one score "
+                         f"per trial)")
+    a = a.astype(float)
     if a.size < min_size:
         raise ValueError(f"{name} has {a.size} scores: need at least {min_size}")
     if np.isnan(a).any():
-        raise ValueError(f"{name} has {int(np.isnan(a).sum())} NaN scores (of {a.size})")
+        raise ValueError(f"{name} has {int(np.isnan(a).sum())} NaN scores (of {a.size}): "
+                         f"need numbers (infinities are fine)")
     return a
 
 
 def _as_scores(scores_pos, scores_neg):
     return scores_array("scores_pos", scores_pos, 2), scores_array("scores_neg", scores_neg, 2)
+
+
+def _check_bound(bound: Bound, alpha: float) -> float:
+    """A valid ``alpha``, and a ``bound`` callable as ``bound(ct_pos, n_pos, ct_neg, n_neg,
+    alpha)`` (the threshold procedures)."""
+    alpha = _check_level("alpha", alpha)
+    allowed = "be callable as bound(ct_pos, n_pos, ct_neg, n_neg, alpha), e.g. eps_lb_katz"
+    if not callable(bound):
+        raise ValueError(f"bound={bound!r}: must {allowed}")
+    try:
+        inspect.signature(bound).bind(0, 1, 0, 1, alpha)
+    except TypeError:
+        raise ValueError(f"bound={bound!r}: must {allowed}") from None
+    except ValueError:  # no signature to check (some builtins): calling it will tell
+        pass
+    return alpha
 
 
 def threshold_split_audit(scores_pos, scores_neg, bound: Bound, alpha: float,
@@ -607,11 +733,12 @@ def split_trials(scores_pos, scores_neg, select_frac: float = 0.5):
     """``(select_pos, select_neg, eval_pos, eval_neg)``: the first ``select_frac`` of each
     side's trials, and the rest (the split of :func:`threshold_split_audit`)."""
     sp, sn = _as_scores(scores_pos, scores_neg)
-    if not 0.0 < select_frac < 1.0:
-        raise ValueError(f"select_frac={select_frac!r}: must lie strictly between 0 and 1")
+    select_frac = _check_level("select_frac", select_frac)
     cut_p, cut_n = int(len(sp) * select_frac), int(len(sn) * select_frac)
     if min(cut_p, cut_n, len(sp) - cut_p, len(sn) - cut_n) < 1:
-        raise ValueError("too few trials to split into selection and evaluation halves")
+        raise ValueError(f"select_frac={select_frac!r} of {len(sp)} positive and {len(sn)} "
+                         f"negative trials: must leave at least one trial of each side to "
+                         f"select and one to evaluate (too few trials to split)")
     return sp[:cut_p], sn[:cut_n], sp[cut_p:], sn[cut_n:]
 
 
@@ -627,7 +754,8 @@ def threshold_holdout_audit(val_pos, val_neg, eval_pos, eval_neg, bound: Bound, 
     """
     vp, vn = scores_array("val_pos", val_pos), scores_array("val_neg", val_neg)
     ep, en = scores_array("eval_pos", eval_pos), scores_array("eval_neg", eval_neg)
-    if ties not in TIES:
+    _check_bound(bound, alpha)
+    if not isinstance(ties, str) or ties not in TIES:
         raise ValueError(f"ties={ties!r}: must be one of {TIES}")
     chosen = _scan(vp, vn, bound, alpha, _candidates(vp, vn), ties=ties)
     return _scan(ep, en, bound, alpha, np.array([chosen.threshold]), centre=False)
@@ -647,6 +775,7 @@ def threshold_scan_audit(scores_pos, scores_neg, bound: Bound, alpha: float) -> 
     Uses every trial, at the price of the factor ``(n_pos + n_neg) / 2`` in the level.
     """
     sp, sn = _as_scores(scores_pos, scores_neg)
+    alpha = _check_bound(bound, alpha)
     return _scan(sp, sn, bound, 2 * alpha / (len(sp) + len(sn)), _candidates(sp, sn))
 
 
@@ -659,7 +788,7 @@ def _fdp_args(m, r, v, beta) -> tuple[int, int, int]:
     """Scalar one-run counts (:func:`_one_run_counts`) with ``m >= 1``, and a valid beta."""
     for name, a in (("m", m), ("r", r), ("v", v)):
         if np.ndim(a):
-            raise ValueError(f"{name}={a!r}: must be a scalar")
+            raise ValueError(f"{name}={a!r}: must be a single whole number")
     m, r, v = (int(a) for a in _one_run_counts(m, r, v))
     _check_level("beta", beta)
     return m, r, v
@@ -800,13 +929,8 @@ def eps_lb_one_run_fdp(m, r, v, delta: float, beta: float = 0.05) -> float:
 #: Most guess counts a one-run audit tests (:func:`guess_grid`); each is tested at
 #: ``beta / (number tested)``.
 GUESS_GRID_SIZE = 10
-
-
-def _check_k_max(k_max) -> int:
-    k = _whole("k_max", k_max)
-    if k.ndim or k < 1:
-        raise ValueError(f"k_max={k_max!r}: must be an integer >= 1")
-    return int(k)
+#: Largest ``size`` :func:`guess_grid` takes (its geometric grid is built in memory).
+_MAX_GRID = 10**6
 
 
 def guess_grid(k_max, beta: float = 0.05, size: int = GUESS_GRID_SIZE) -> np.ndarray:
@@ -821,9 +945,12 @@ def guess_grid(k_max, beta: float = 0.05, size: int = GUESS_GRID_SIZE) -> np.nda
     every k = 1..K at beta / K instead costs a factor K / 10 in level: at m = 1000 and
     delta = 1e-5 Steinke et al.'s ``2 m delta`` term then exceeds the level).
     """
-    k_max = _check_k_max(k_max)
+    k_max = _check_k(k_max, "k_max")
     _check_level("beta", beta)
-    size = int(_check_k_max(size))  # a whole number >= 1, like k_max
+    size = _check_k(size, "size")
+    if size > _MAX_GRID:
+        raise ValueError(f"size={size}: must be at most {_MAX_GRID} (the grid is built in "
+                         f"memory)")
     k_min = max(1, math.ceil(math.log(size / beta) / math.log(4)))
     if k_max <= k_min:
         return np.array([k_max])
@@ -836,21 +963,25 @@ def guess_counts(scores, included, k_max) -> np.ndarray:
     ``scores`` is ``(..., m)`` (higher = "in"), ``included`` the ``m`` true memberships
     (bool, 0/1, or signs with +1 = in); needs ``k_max <= m // 2`` so the two sets are
     disjoint.  A ValueError names a bad argument."""
-    scores = np.asarray(scores, dtype=float)
+    scores = _real("scores", scores, "be real numbers of shape (..., m)").astype(float)
     if scores.ndim == 0 or scores.shape[-1] < 2:
         raise ValueError(f"scores has shape {scores.shape}: need (..., m) with m >= 2")
     if np.isnan(scores).any():
-        raise ValueError(f"scores has {int(np.isnan(scores).sum())} NaN entries")
-    included = np.asarray(included)
+        raise ValueError(f"scores has {int(np.isnan(scores).sum())} NaN entries: need "
+                         f"numbers (infinities are fine)")
+    allowed = "be bool, 0/1 or -1/+1 (+1 = in)"
+    try:
+        flags = np.asarray(included).dtype == bool
+    except (TypeError, ValueError):  # ragged
+        flags = False
+    included = np.asarray(included) if flags else _real("included", included, allowed)
     if included.shape != scores.shape[-1:]:
         raise ValueError(f"included has shape {included.shape}: need ({scores.shape[-1]},)")
     if included.dtype != bool:
-        values = set(np.unique(included).tolist()) if np.issubdtype(
-            included.dtype, np.number) else None
-        if values is None or not (values <= {0, 1} or values <= {-1, 1}):
-            raise ValueError(f"included has values {sorted(values) if values else included.dtype}"
-                             f": must be bool, 0/1 or -1/+1 (+1 = in)")
-    k_max = _check_k_max(k_max)
+        values = set(np.unique(included).tolist())
+        if not (values <= {0, 1} or values <= {-1, 1}):
+            raise ValueError(f"included has values {sorted(values)}: must {allowed}")
+    k_max = _check_k(k_max, "k_max")
     if k_max > scores.shape[-1] // 2:
         raise ValueError(f"k_max={k_max}: must lie in [1, m//2={scores.shape[-1] // 2}]")
     inc = included[np.argsort(-scores, axis=-1, kind="stable")] > 0
@@ -907,15 +1038,25 @@ def one_run_sweep(m, correct, delta: float, beta: float = 0.05, ks=None) -> dict
     correct guesses; ``eps_hat_max``, the homework's maximum over every k (an estimate).
     Both (eps, delta) bounds are at most the pure-eps bound of the same guesses (a larger
     delta rejects less; at delta = 0 the binomial tail is exact for randomized response),
-    so counts whose pure bound cannot beat the best so far are skipped.
+    so counts whose pure bound cannot beat the best so far are skipped.  Needs
+    ``m >= 2 K`` canaries and ``0 <= correct[..., k-1] <= 2 k``; a ValueError names a bad
+    argument.
     """
     _check_delta(delta)
     _check_level("beta", beta)
-    correct = np.asarray(correct)
-    if correct.ndim == 0 or correct.size == 0:
+    given = correct
+    correct = _whole("correct", correct)
+    if correct.ndim == 0:
         raise ValueError(f"correct has shape {correct.shape}: need (..., K) correct guesses "
                          f"of k = 1..K, K >= 1")
     K = correct.shape[-1]
+    m = _check_k(m, "m")
+    if m < 2 * K:
+        raise ValueError(f"m={m}: must be at least 2 K = {2 * K} (k = K guesses 2 K of the m "
+                         f"canaries)")
+    if np.any(correct < 0) or np.any(correct > 2 * np.arange(1, K + 1)):
+        raise ValueError(f"correct={given!r}: must satisfy 0 <= correct[..., k - 1] <= 2 k, "
+                         f"the guesses of k")
     if ks is None:
         ks = guess_grid(K, beta)
     else:
