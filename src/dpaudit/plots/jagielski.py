@@ -60,8 +60,7 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     df, _ = read_table(table)
     panels = [(d, a) for d in DATASET_NAMES for a in ARCH_NAMES
               if ((df.dataset == d) & (df.arch == a)).any()]
-    fig, axes = figure(1, len(panels), squeeze=False, layout="constrained",
-                       figsize=(4.6 * len(panels), 6.4))  # panels above, the legend below
+    fig, axes = figure(1, len(panels), squeeze=False, layout="constrained")
     split = {"eps_lb_split_lo", "eps_lb_split_hi"} <= set(df.columns)
     y_columns = [c for c in ("eps_lb", "eps_lb_paper_rule", "eps_lb_katz", "eps_lb_bayes",
                              "mi_yeom", "eps_lb_split_lo") if c in df]
@@ -127,7 +126,12 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
             handles.setdefault(lab, h)
     if split:
         handles[SPLIT_LABEL] = Line2D([], [], color="#7f7f7f", marker="|", ms=8, ls="none")
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=3,
+    # Panels above, the legend below them inside the figure: as many legend columns as
+    # panels (at most 3), the figure as wide and tall as they need.
+    ncol = min(3, len(panels))
+    fig.set_size_inches(max(4.6 * len(panels), 5.6 * ncol),
+                        4.4 + 0.2 * math.ceil(len(handles) / ncol))
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=ncol,
                title=f"{int(df.trials.max())} trials per side, half choose the threshold, "
                      "half evaluate it")
     save(fig, out)
@@ -168,12 +172,13 @@ def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     ax.set(xlabel="initialisation: fixed, or Glorot weights x s (variance x s^2, the "
                   "reference's init_mult)\nand clipping norm C",
            ylabel="eps_th label (add/remove neighbours)")
-    ax.set_title(f"ClipBKD {DATASET_NAMES[df.dataset.iloc[0]]} {ARCH_NAMES[df.arch.iloc[0]]}, "
-                 f"{int(df.trials.max())} trials/side. Each cell: the paper's procedure on our "
+    # Above the axes and the colorbar (constrained layout), in short lines.
+    fig.suptitle(f"ClipBKD {DATASET_NAMES[df.dataset.iloc[0]]} {ARCH_NAMES[df.arch.iloc[0]]}, "
+                 f"{int(df.trials.max())} trials/side\neach cell: the paper's procedure on our "
                  "models (the paper's value)\n[our 99% bound, Bonferroni over k]"
-                 + ("\nits 5th-95th percentile over 200 re-splits of the trials (a diagnostic, "
-                    "not a bound)" if split else ""), fontsize=9)
+                 + ("\nits 5th-95th percentile over 200 re-splits of the trials\n(a "
+                    "diagnostic of the split, not a bound)" if split else ""), fontsize=9)
     ax.grid(False)
-    fig.colorbar(im, ax=ax, label="colour: eps_LB by the paper's procedure\n(best over k, "
+    fig.colorbar(im, ax=ax, label="colour: eps_LB by the\npaper's procedure (best\nover k, "
                                   "not a 99% bound)")
     save(fig, out)
