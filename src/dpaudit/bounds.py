@@ -10,7 +10,9 @@ of ``n_neg`` negative trials said "in", so ``ct_pos / n_pos`` estimates the TPR 
 at most that often, which ``tests/test_bounds.py`` checks by simulation.  Two
 exceptions, named so wherever they appear: :func:`eps_lb_katz` is approximate (an
 asymptotic interval) and :func:`eps_lb_bayes` is the lower end of a Bayesian credible
-interval, not a confidence bound.
+interval, not a confidence bound.  Two results are no bounds either: the maximum over k of
+:func:`eps_lb_paper_rule` (each per-k value is one) and the spread of
+:func:`eps_lb_resplits` over re-splits of the same trials (a diagnostic of the split).
 
 The counting functions broadcast over array arguments and return a float for scalar input.
 Every public function checks each argument first: a bad one (a NaN, a boolean, text, a
@@ -44,6 +46,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Callable
@@ -77,6 +80,11 @@ __all__ = [
     "split_trials",
     "threshold_split_audit",
     "threshold_scan_audit",
+    "PAPER_SELECT_ALPHA",
+    "PAPER_ALPHA",
+    "PaperRuleAudit",
+    "eps_lb_paper_rule",
+    "eps_lb_resplits",
 ]
 
 
@@ -777,6 +785,218 @@ def threshold_scan_audit(scores_pos, scores_neg, bound: Bound, alpha: float) -> 
     sp, sn = _as_scores(scores_pos, scores_neg)
     alpha = _check_bound(bound, alpha)
     return _scan(sp, sn, bound, 2 * alpha / (len(sp) + len(sn)), _candidates(sp, sn))
+
+
+# ---- the reference code's Table 2 procedure, and how much one split moves a bound ----
+
+def _scores_by_k(scores_pos) -> dict[int, np.ndarray]:
+    """``{k: scores}`` of the D1 sides, each k an integer >= 1 (sorted), scores in trial
+    order; a ValueError names a bad k or score array."""
+    if not isinstance(scores_pos, Mapping) or not scores_pos:
+        raise ValueError(f"scores_pos={type(scores_pos).__name__}: must be a non-empty "
+                         f"mapping {{k: scores of the D1 side with k canaries}}")
+    out = {}
+    for k, s in scores_pos.items():
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"scores_pos: key k={k!r} must be an integer >= 1 (the number "
+                             f"of canaries of that D1 side)")
+        out[int(k)] = scores_array(f"scores_pos[{k!r}]", s, 2)
+    return dict(sorted(out.items()))
+
+
+#: The reference code's levels ([JUO20], ``bkd_parser.py``): the margin of its threshold
+#: search, and the Clopper-Pearson level of its evaluation (0.005 in each tail).
+PAPER_SELECT_ALPHA = 0.05
+PAPER_ALPHA = 0.01
+
+
+@dataclass(frozen=True)
+class PaperRuleAudit:
+    """Result of :func:`eps_lb_paper_rule`. ``value``: the largest per-k value (its
+    ``best_k``), NOT itself a ``1 - alpha`` bound; ``per_k``: each k's value, a
+    ``1 - alpha`` bound on pure eps; ``thresholds``: each k's threshold (the attack says
+    "in" when ``score >= t``); ``counts``: each k's evaluation counts
+    ``(ct_pos, n_pos, ct_neg, n_neg)``."""
+
+    value: float
+    best_k: int
+    per_k: dict
+    thresholds: dict
+    counts: dict
+
+
+def _paper_threshold(val_pos: np.ndarray, val_neg: np.ndarray, select_alpha: float) -> float:
+    """The reference's threshold search (``bkd_find_thresh`` with ``use_dkw=True``), vectorised:
+    over every distinct selection score t (ascending), p1 and p0 = shares of the D1 and D0
+    scores ``>= t``, ``lb = p1 - m1``, ``ub = p0 + m0`` with ``m = sqrt(ln(2/select_alpha)/n)``
+    (no factor 2 under the root, as the reference), ``ratio = (1-ub)/(1-lb)`` if
+    ``ub + lb > 1`` else ``lb/ub``; the first t of the largest ``ln(ratio)`` (NaN from a
+    negative ratio never wins), the lowest score if none is finite."""
+    t = np.unique(np.concatenate([val_pos, val_neg]))
+    p1 = (len(val_pos) - np.searchsorted(np.sort(val_pos), t, side="left")) / len(val_pos)
+    p0 = (len(val_neg) - np.searchsorted(np.sort(val_neg), t, side="left")) / len(val_neg)
+    c = math.log(2 / select_alpha)
+    lb, ub = p1 - math.sqrt(c / len(val_pos)), p0 + math.sqrt(c / len(val_neg))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.log(np.where(ub + lb > 1, (1 - ub) / (1 - lb), lb / ub))
+    e = np.where(np.isnan(e), -np.inf, e)
+    i = int(np.argmax(e))
+    return float(t[i]) if np.isfinite(e[i]) else float(t[0])
+
+
+def eps_lb_paper_rule(scores_pos, scores_neg, select_frac: float = 0.5,
+                      select_alpha: float = PAPER_SELECT_ALPHA,
+                      alpha: float = PAPER_ALPHA) -> PaperRuleAudit:
+    """The reference code's Table 2 procedure ([JUO20], ``bkd_parser.py``), exactly.
+
+    ``scores_pos``: ``{k: scores of the D1 side with k canaries}``, ``scores_neg``: the D0
+    scores (one D0 for every k), each in trial order, higher = "in" (the reference scores
+    ClipBKD by the raw logit ``f(x_p)_{y_p}``). For each k: the first ``select_frac`` of each
+    side's trials choose a threshold t among their scores (test ``score >= t``) by a
+    DKW-style margin at ``select_alpha`` (:func:`_paper_threshold`); on the remaining
+    trials, Clopper-Pearson intervals at ``1 - alpha`` (``alpha / 2`` in each tail) give
+    ``p1_lo`` (D1 share ``>= t``) and ``p0_hi`` (D0 share), ``ratio = (1 - p0_hi) /
+    (1 - p1_lo)`` if ``p0_hi + p1_lo > 1`` else ``p1_lo / p0_hi``, and the value is
+    ``ln(ratio) / k`` (delta = 0), floored at 0 (the reference reports negative values).
+
+    What it is: each per-k value is a ``1 - alpha`` lower bound on the eps of pure
+    (delta = 0) DP for groups of k rows (the threshold never saw the evaluation trials).
+    What it is not: ``value``, the largest over k, is a maximum of several ``1 - alpha``
+    bounds and not itself one (``eps_lb`` of the audits tests every k at
+    ``alpha / len(ks)``); it ignores delta, so against an (eps, delta > 0) claim it can
+    overstate the bound slightly; and it differs from this module's threshold choice
+    (which maximises the bound itself), so it is kept only to compare with the paper's
+    numbers, which it reproduces.
+    """
+    pos = _scores_by_k(scores_pos)
+    neg = scores_array("scores_neg", scores_neg, 2)
+    for name, level in (("select_alpha", select_alpha), ("alpha", alpha)):
+        _check_level(name, level)
+    per_k, thresholds, counts = {}, {}, {}
+    for k, sp in pos.items():
+        vp, vn, ep, en = split_trials(sp, neg, select_frac)
+        t = _paper_threshold(vp, vn, select_alpha)
+        ct_pos, ct_neg = int((ep >= t).sum()), int((en >= t).sum())
+        p1_lo = float(clopper_pearson(ct_pos, len(ep), alpha)[0])
+        p0_hi = float(clopper_pearson(ct_neg, len(en), alpha)[1])
+        ratio = (1 - p0_hi) / (1 - p1_lo) if p0_hi + p1_lo > 1 else p1_lo / p0_hi
+        per_k[k] = max(math.log(ratio) / k, 0.0) if ratio > 0 else 0.0
+        thresholds[k], counts[k] = t, (ct_pos, len(ep), ct_neg, len(en))
+    best = max(per_k, key=lambda k: (per_k[k], -k))  # the first k of the largest value
+    return PaperRuleAudit(per_k[best], best, per_k, thresholds, counts)
+
+
+@lru_cache(maxsize=64)
+def _cp_table(n_pos: int, n_neg: int, alpha: float, delta: float, k: int) -> np.ndarray:
+    """:func:`eps_lb_clopper_pearson` at every count pair: ``table[ct_pos, ct_neg]``."""
+    return np.asarray(eps_lb_clopper_pearson(np.arange(n_pos + 1)[:, None], n_pos,
+                                             np.arange(n_neg + 1)[None, :], n_neg, alpha,
+                                             delta, k))
+
+
+def _suffix_counts(idx: np.ndarray, n_values: int) -> np.ndarray:
+    """``out[s, j]`` = entries of row s of ``idx`` (value indices) that are ``>= j``,
+    for ``j = 0..n_values``."""
+    S = idx.shape[0]
+    flat = (np.arange(S)[:, None] * n_values + idx).ravel()
+    hist = np.bincount(flat, minlength=S * n_values).reshape(S, n_values)
+    return np.concatenate([np.cumsum(hist[:, ::-1], axis=1)[:, ::-1],
+                           np.zeros((S, 1), np.int64)], axis=1)
+
+
+def _resplit_one_k(pos: np.ndarray, neg: np.ndarray, order_pos: np.ndarray,
+                   order_neg: np.ndarray, select_frac: float, level: float, delta: float,
+                   k: int) -> np.ndarray:
+    """:func:`threshold_holdout_audit` of the Clopper-Pearson bound at ``level`` for each
+    split (row) of ``order_pos``/``order_neg`` (trial orders: the first ``select_frac``
+    select), all splits at once: the same threshold, its centring and its value."""
+    S = order_pos.shape[0]
+    cut_p, cut_n = int(len(pos) * select_frac), int(len(neg) * select_frac)
+    u = np.unique(np.concatenate([pos, neg]))  # every score of the cell, ascending
+    J = len(u)
+    ip, ineg = np.searchsorted(u, pos)[order_pos], np.searchsorted(u, neg)[order_neg]
+    sel_p, sel_n = _suffix_counts(ip[:, :cut_p], J), _suffix_counts(ineg[:, :cut_n], J)
+    ev_p, ev_n = _suffix_counts(ip[:, cut_p:], J), _suffix_counts(ineg[:, cut_n:], J)
+    # Candidates: "score > -inf" (column 0), then "score > u_j" (column j + 1). Every
+    # distinct decision on the selection trials appears, first at the selection score
+    # that _candidates would give, so the first maximum is the same threshold.
+    table = _cp_table(cut_p, cut_n, level, delta, k)
+    first = slice(1, 2) if u[0] == -np.inf else slice(0, 1)  # "> -inf" leaves out -inf
+    values = table[np.concatenate([sel_p[:, first], sel_p[:, 1:]], axis=1),
+                   np.concatenate([sel_n[:, first], sel_n[:, 1:]], axis=1)]
+    c = np.argmax(values, axis=1)  # first maximum
+    rows = np.arange(S)
+    # Centre as _scan: midway to the next selection score above the chosen one.
+    has = (sel_p[:, :-1] - sel_p[:, 1:] + sel_n[:, :-1] - sel_n[:, 1:]) > 0  # (S, J)
+    nxt = np.where(has, np.arange(J), J)
+    nxt = np.concatenate([np.minimum.accumulate(nxt[:, ::-1], axis=1)[:, ::-1],
+                          np.full((S, 1), J)], axis=1)
+    theta = np.where(c > 0, u[np.maximum(c - 1, 0)], -np.inf)
+    j_next = nxt[rows, c]  # for c > 0: the first selection score index > c - 1
+    upper = u[np.minimum(j_next, J - 1)]
+    centre = (c > 0) & (j_next < J) & np.isfinite(theta) & np.isfinite(upper)
+    theta = np.where(centre, 0.5 * (theta + upper), theta)
+    above = np.searchsorted(u, theta, side="right")  # eval scores > theta: index >= above
+    return _cp_table(len(pos) - cut_p, len(neg) - cut_n, level, delta, k)[
+        ev_p[rows, above], ev_n[rows, above]]
+
+
+def _resplit_orders(n: int, splits: int, rng: np.random.Generator) -> np.ndarray:
+    """``splits`` uniformly random orders of ``n`` trials, one per row."""
+    return rng.permuted(np.tile(np.arange(n), (splits, 1)), axis=1)
+
+
+def eps_lb_resplits(scores_pos, scores_neg, alpha: float, delta: float = 0.0,
+                    select_frac: float = 0.5, splits: int = 200, seed=0,
+                    orders: tuple | None = None) -> np.ndarray:
+    """The certified bound of an audit recomputed on ``splits`` random re-splits of the
+    same trials: a diagnostic of how much the choice of selection trials moves it.
+
+    The audit is that of the Jagielski audits' ``eps_lb``: for each k
+    (``scores_pos = {k: D1 scores}``, ``scores_neg`` the D0 scores shared by every k),
+    :func:`threshold_holdout_audit` of :func:`eps_lb_clopper_pearson` at
+    ``alpha / len(ks)`` with ``delta`` and k (threshold chosen on ``select_frac`` of each
+    side's trials, evaluated on the rest), the largest over k. Each re-split draws a new
+    random order of each side's trials (one for D0, shared by every k, one per D1 side)
+    from ``seed`` (an int or a ``numpy.random.SeedSequence``); ``orders = (order_neg,
+    {k: order_pos})``, arrays of shape ``(splits, n)``, gives them instead (the identity
+    order is the pre-registered split). All splits are computed at once from tables of the
+    bound at every count pair.
+
+    Returns the ``splits`` values. Each one alone is a ``1 - alpha`` lower bound, but
+    their spread, or a quantile or maximum over splits, is no bound at all (choosing the
+    split after seeing its value voids the level): only a split fixed in advance
+    certifies.
+    """
+    pos = _scores_by_k(scores_pos)
+    neg = scores_array("scores_neg", scores_neg, 2)
+    _check_level("alpha", alpha)
+    _check_delta(delta)
+    level = alpha / len(pos)
+    if orders is None:
+        if isinstance(splits, (bool, np.bool_)) or not isinstance(splits, (int, np.integer)) \
+                or splits < 1:
+            raise ValueError(f"splits={splits!r}: must be an integer >= 1")
+        rng = np.random.default_rng(seed)
+        order_neg = _resplit_orders(len(neg), int(splits), rng)
+        order_pos = {k: _resplit_orders(len(s), int(splits), rng) for k, s in pos.items()}
+    else:
+        if set(orders[1]) != set(pos):
+            raise ValueError(f"orders: the D1 orders are for k in {sorted(orders[1])}, the "
+                             f"scores for k in {sorted(pos)}")
+        order_neg, order_pos = np.asarray(orders[0]), {k: np.asarray(orders[1][k]) for k in pos}
+        for name, o, n in [("order_neg", order_neg, len(neg)),
+                           *((f"order_pos[{k}]", order_pos[k], len(pos[k])) for k in pos)]:
+            if o.ndim != 2 or o.shape != (len(order_neg), n) or \
+                    np.any(np.sort(o, axis=1) != np.arange(n)):
+                raise ValueError(f"orders: {name} has shape {o.shape}: need ({len(order_neg)}, "
+                                 f"{n}) rows, each an order of the {n} trials")
+    out = None
+    for k, sp in pos.items():
+        split_trials(sp, neg, select_frac)
+        v = _resplit_one_k(sp, neg, order_pos[k], order_neg, select_frac, level, delta, k)
+        out = v if out is None else np.maximum(out, v)
+    return out
 
 
 # ---- one-run audits in f-DP (Mahloujifar et al. 2025) ----

@@ -191,28 +191,36 @@ def _train(args) -> None:
 def _audit(args) -> None:
     import pandas as pd
 
-    from .. import dpsgd
+    from .. import dpsgd, seeds
     from ..experiments import jagielski
     from ..io import read_table, write_table, write_text
 
     spec = validate_section(args.spec, "jagielski",
                             schema_node=subset_schema(AUDIT_KEYS, "jagielski"))
     rows = []
-    for path in args.scores:
+    log = _say("jagielski-audit")
+    for i, path in enumerate(args.scores):
         scores, prov = read_table(path)
         cell = prov["cell"]
         cfg = dpsgd.DPSGDConfig(**prov["dpsgd"])
+        # the re-splits of a cell are drawn from the run seed and the cell's name
+        resplit_seed = seeds.sequence(args.seed, "jagielski/resplits", cell["dataset"],
+                                      cell["arch"], cell["attack"],
+                                      jagielski.cell_file(cell["clip"], cell["init"],
+                                                          cell["eps"]))
         row = {**cell, "eps_label": cell["eps"],
                **jagielski.theoretical_eps(cell["noise"], cell["n"], cfg, spec["delta"]),
                **jagielski.summarize_cell(scores, cell["attack"], spec["alpha"], spec["delta"],
-                                          spec["select_frac"]),
+                                          spec["select_frac"], jagielski.RESPLITS,
+                                          resplit_seed),
                "jpeg_reencoded": bool(prov["task"].get("jpeg_reencoded", False)),
                "pretrained_on": prov["task"].get("pretrained_on", "")}
         del row["eps"]
         rows.append(row)
+        log(f"{i + 1}/{len(args.scores)} cells audited ({path})")
     table = pd.DataFrame(rows)
     prov = {"command": "jagielski-audit", "experiment": args.experiment, "spec": spec,
-            "seed": args.seed}
+            "seed": args.seed, "resplits": jagielski.RESPLITS}
     if args.experiment == "table2":
         if args.md is None:
             raise SpecError("--experiment table2 needs --md (the Markdown table)")

@@ -7,6 +7,7 @@ import math
 import os
 
 import numpy as np
+from matplotlib.lines import Line2D
 
 from ..experiments.jagielski import eps_label, init_order
 from ..io import read_table
@@ -28,34 +29,50 @@ def _x_positions(eps_th: np.ndarray) -> tuple[np.ndarray, float]:
 REPLACING = ("backdoor", "clipbkd")
 
 
+#: How the re-split whiskers are drawn (Figure 2 and the Table 2 heatmap say the same).
+SPLIT_LABEL = ("whiskers: 5th-95th percentile of the 99% bound over 200 re-splits\n"
+               "of the same trials (a diagnostic of the split, not a bound)")
+
+
 def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     """One panel per (data set, model), against the theoretical eps of the cell
     (rdp_classic, delta 1e-5, add/remove neighbours: the paper's x-axis):
 
-    - solid: each attack's certified 99% bound ``eps_lb`` (every k at 1% / len(ks));
-    - dashed, hollow: the paper's statistic ``eps_lb_best_k``, the largest over k of 99%
-      bounds (not itself a 99% bound; equal to the solid line for MI, which has one k);
+    - solid: each attack's certified 99% bound ``eps_lb`` (every k at 1% / len(ks)), with
+      whiskers from ``eps_lb_split_lo`` to ``eps_lb_split_hi`` where the table has them
+      (its 5th-95th percentile over random re-splits of the trials: a diagnostic of the
+      split, not a bound);
+    - dashed, hollow (backdoor and ClipBKD): ``eps_lb_paper_rule``, the reference code's
+      procedure, the largest over k of 99% bounds (not itself a 99% bound);
     - dashed, thin, triangles and squares: ``eps_lb_katz`` (approximate: asymptotic Katz
       intervals) and ``eps_lb_bayes`` (lower end of a 99% Bayesian credible interval), from
       the certified bound's counts, at its level;
     - MI, dotted crosses: ``mi_yeom``, the paper's population MI estimate (a point
-      estimate, not a bound);
-    - grey: eps = eps_th (add/remove; MI removes a row) and ``eps_pld_replace``, the
-      cell's eps at the same delta for neighbours that differ by replacing one row, as
-      backdoor and ClipBKD's are (PLD, dp_accounting's REPLACE_ONE; not 2 eps_th, which
-      group privacy gives only at the larger delta (1 + e^eps) delta).
+      estimate, not a bound; negative values are drawn below 0);
+    - black dotted: eps = eps_th (add/remove; MI removes a row), over the finite eps only;
+      grey dash-dot: ``eps_pld_replace``, the cell's eps at the same delta for neighbours
+      that differ by replacing one row, as backdoor and ClipBKD's are (PLD,
+      dp_accounting's REPLACE_ONE; not 2 eps_th, which group privacy gives only at the
+      larger delta (1 + e^eps) delta).
 
-    The y axis is linear below 0.01 (symlog), so cells that certify nothing sit on 0."""
+    The y axis is linear within +-0.01 (symlog), so cells that certify nothing sit on 0.
+    The legend sits below the panels, inside the figure."""
     df, _ = read_table(table)
     panels = [(d, a) for d in DATASET_NAMES for a in ARCH_NAMES
               if ((df.dataset == d) & (df.arch == a)).any()]
-    fig, axes = figure(1, len(panels), squeeze=False)
+    fig, axes = figure(1, len(panels), squeeze=False, layout="constrained")
+    split = {"eps_lb_split_lo", "eps_lb_split_hi"} <= set(df.columns)
+    y_columns = [c for c in ("eps_lb", "eps_lb_paper_rule", "eps_lb_katz", "eps_lb_bayes",
+                             "mi_yeom", "eps_lb_split_lo") if c in df]
+    lowest = float(np.nanmin(df[y_columns].to_numpy(float))) if y_columns else 0.0
     for ax, (dataset, arch) in zip(axes[0], panels):
         sub = df[(df.dataset == dataset) & (df.arch == arch)]
         x_all, x_inf = _x_positions(sub.eps_th.to_numpy(float))
-        line = np.geomspace(max(min(x_all.min(), 0.5), 1e-3), x_inf, 50)
-        ax.plot(line, line, color=COLORS["theory"], lw=1, ls=":",
-                label="eps = eps_th (add/remove: MI)")
+        finite = x_all[x_all < x_inf]
+        if finite.size:
+            line = np.geomspace(max(min(finite.min(), 0.5), 1e-3), finite.max(), 50)
+            ax.plot(line, line, color=COLORS["theory"], lw=1, ls=":",
+                    label="eps = eps_th (add/remove: MI)")
         rep = sub[sub.attack.isin(REPLACING)].drop_duplicates("eps_th").sort_values("eps_th")
         if not rep.empty:
             xr = _x_positions(rep.eps_th.to_numpy(float))[0]
@@ -63,6 +80,8 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
                                  np.nan), color=COLORS["theory"], lw=1, ls="-.", marker="_",
                     ms=10, alpha=0.6,
                     label="eps (PLD) for replacing one row: backdoor, ClipBKD")
+        if lowest < 0:
+            ax.axhline(0, color=COLORS["theory"], lw=0.5)
         for i, (attack, name) in enumerate(ATTACK_NAMES.items()):
             a = sub[sub.attack == attack].sort_values("eps_th")
             if a.empty:
@@ -71,22 +90,27 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
             ax.plot(x, a.eps_lb, marker="o", color=COLORS[attack],
                     label=f"{name}: 99% lower bound" + (" (Bonferroni over k)"
                                                        if attack in REPLACING else ""))
+            if split:
+                ax.errorbar(x, a.eps_lb, yerr=[np.maximum(a.eps_lb - a.eps_lb_split_lo, 0),
+                                               np.maximum(a.eps_lb_split_hi - a.eps_lb, 0)],
+                            fmt="none", ecolor=COLORS[attack], elinewidth=0.8, capsize=2,
+                            alpha=0.7)
             for column, marker, label in (
                     ("eps_lb_katz", "v", "Katz, approximate 99% (not certified)"),
                     ("eps_lb_bayes", "s", "Bayesian 99% credible interval, lower end")):
                 if column in a:
                     ax.plot(x, a[column], ls=(0, (4, 2)), lw=0.8, marker=marker, ms=3,
                             color=COLORS[attack], alpha=0.6, label=f"{name}: {label}")
-            if attack in REPLACING:
-                ax.plot(x, a.eps_lb_best_k, ls="--", lw=1, marker="o", mfc="none",
+            if attack in REPLACING and "eps_lb_paper_rule" in a:
+                ax.plot(x, a.eps_lb_paper_rule, ls="--", lw=1, marker="o", mfc="none",
                         color=COLORS[attack], alpha=0.7,
-                        label=f"{name}: best over k (paper's statistic; not a 99% bound)")
+                        label=f"{name}: paper's procedure, best over k (not a 99% bound)")
             elif "mi_yeom" in a and a.mi_yeom.notna().any():
                 ax.plot(x, a.mi_yeom, ls=":", marker="x", color=COLORS[attack], alpha=0.8,
                         label=f"{name}: Yeom et al. population estimate (paper's; not a bound)")
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=0.01)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(bottom=1.3 * lowest if lowest < 0 else 0)
         ticks = sorted(set(np.round(x_all, 2)))
         ax.set_xticks(ticks, [("inf" if math.isclose(t, x_inf, rel_tol=1e-2) else f"{t:g}")
                               for t in ticks])
@@ -100,35 +124,46 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     for ax in axes[0]:  # every entry once, whichever panel drew it
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=2,
-               bbox_to_anchor=(0.5, 0.0),
+    if split:
+        handles[SPLIT_LABEL] = Line2D([], [], color="#7f7f7f", marker="|", ms=8, ls="none")
+    # Panels above, the legend below them inside the figure: as many legend columns as
+    # panels (at most 3), the figure as wide and tall as they need.
+    ncol = min(3, len(panels))
+    fig.set_size_inches(max(4.6 * len(panels), 5.6 * ncol),
+                        4.4 + 0.2 * math.ceil(len(handles) / ncol))
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=ncol,
                title=f"{int(df.trials.max())} trials per side, half choose the threshold, "
                      "half evaluate it")
     save(fig, out)
 
 
 def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
-    """Heatmap of ClipBKD ``eps_lb_best_k`` (the paper's statistic, not a 99% bound): rows
-    eps_th, columns init x clipping norm, each cell annotated "ours (paper) [certified]",
-    the certified one being ``eps_lb`` (99%, Bonferroni over k)."""
+    """Heatmap of ClipBKD ``eps_lb_paper_rule`` (the paper's procedure on our models, what
+    the paper's Table 2 reports; not a 99% bound): rows eps_th label, columns init x
+    clipping norm, each cell annotated "ours (paper)", then "[certified]", the certified
+    99% bound ``eps_lb`` (Bonferroni over k), then its 5th-95th percentile over random
+    re-splits of the trials (a diagnostic, not a bound) where the table has them."""
     df, _ = read_table(table)
     inits = sorted(df.init.unique(), key=init_order)
     clips = sorted(df["clip"].unique())
     df["eps_label"] = df.eps_label.map(eps_label)
     labels = sorted(df.eps_label.unique(), key=float)  # float("inf") is inf
+    split = {"eps_lb_split_lo", "eps_lb_split_hi"} <= set(df.columns)
     grid = np.full((len(labels), len(inits) * len(clips)), np.nan)
     text = np.full(grid.shape, "", dtype=object)
     for r in df.itertuples():
         i = labels.index(r.eps_label)
         j = inits.index(r.init) * len(clips) + clips.index(r.clip)
-        grid[i, j] = r.eps_lb_best_k
+        grid[i, j] = r.eps_lb_paper_rule
         paper = "" if math.isnan(r.paper_eps_lb) else f" ({r.paper_eps_lb:.2f})"
-        text[i, j] = f"{r.eps_lb_best_k:.2f}{paper}\n[{r.eps_lb:.2f}]"
-    fig, ax = figure(figsize=(3.0 + 0.8 * grid.shape[1], 2.0 + 0.55 * len(labels)))
+        text[i, j] = (f"{r.eps_lb_paper_rule:.2f}{paper}\n[{r.eps_lb:.2f}]"
+                      + (f"\n{r.eps_lb_split_lo:.2f}-{r.eps_lb_split_hi:.2f}" if split else ""))
+    fig, ax = figure(figsize=(3.0 + 0.8 * grid.shape[1], 2.2 + 0.7 * len(labels)),
+                     layout="constrained")
     vmax = max(np.nanmax(grid), 0.1) if np.isfinite(grid).any() else 1.0
     im = ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0, vmax=vmax)
     for (i, j), t in np.ndenumerate(text):
-        ax.text(j, i, t, ha="center", va="center", fontsize=7,
+        ax.text(j, i, t, ha="center", va="center", fontsize=6.5,
                 color="white" if grid[i, j] < 0.6 * vmax else "black")
     ax.set_xticks(range(grid.shape[1]),
                   [f"{'fixed' if i == 'fixed' else 'x' + i[1:]}\nC={c:g}" for i in inits
@@ -137,12 +172,13 @@ def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     ax.set(xlabel="initialisation: fixed, or Glorot weights x s (variance x s^2, the "
                   "reference's init_mult)\nand clipping norm C",
            ylabel="eps_th label (add/remove neighbours)")
-    # Title in short lines over the heatmap only, so it stays clear of the colorbar label.
-    ax.set_title(f"ClipBKD {DATASET_NAMES[df.dataset.iloc[0]]} {ARCH_NAMES[df.arch.iloc[0]]}, "
-                 f"{int(df.trials.max())} trials/side\n"
-                 "each cell: best over k (paper's value)\n"
-                 "[99% bound, Bonferroni over k]", fontsize=9)
+    # Above the axes and the colorbar (constrained layout), in short lines.
+    fig.suptitle(f"ClipBKD {DATASET_NAMES[df.dataset.iloc[0]]} {ARCH_NAMES[df.arch.iloc[0]]}, "
+                 f"{int(df.trials.max())} trials/side\neach cell: the paper's procedure on our "
+                 "models (the paper's value)\n[our 99% bound, Bonferroni over k]"
+                 + ("\nits 5th-95th percentile over 200 re-splits of the trials\n(a "
+                    "diagnostic of the split, not a bound)" if split else ""), fontsize=9)
     ax.grid(False)
-    fig.colorbar(im, ax=ax, label="colour: eps_LB best over k\n(paper's statistic, "
+    fig.colorbar(im, ax=ax, label="colour: eps_LB by the\npaper's procedure (best\nover k, "
                                   "not a 99% bound)")
     save(fig, out)
