@@ -14,8 +14,8 @@ rule accounting_abadi:
     conda:
         ENV
     shell:
-        "dpaudit accounting-curves --figure abadi --spec {params.spec} --seed {params.seed}"
-        " --out {output} 2> {log}"
+        "logged {log} dpaudit accounting-curves --figure abadi --spec {params.spec}"
+        " --seed {params.seed} --out {output}"
 
 
 rule accounting_abadi_plot:
@@ -49,8 +49,8 @@ rule accounting_composition:
     conda:
         ENV
     shell:
-        "dpaudit accounting-curves --figure composition --spec {params.spec}"
-        " --seed {params.seed} --out {output} 2> {log}"
+        "logged {log} dpaudit accounting-curves --figure composition --spec {params.spec}"
+        " --seed {params.seed} --out {output}"
 
 
 rule accounting_composition_plot:

@@ -18,8 +18,8 @@ rule hw3_audit:
     conda:
         ENV
     shell:
-        "dpaudit hw3-audit --grid {wildcards.grid} --spec {params.spec} --seed {params.seed}"
-        " --threads {threads} --out {output} 2> {log}"
+        "logged {log} dpaudit hw3-audit --grid {wildcards.grid} --spec {params.spec}"
+        " --seed {params.seed} --threads {threads} --out {output}"
 
 
 rule hw3_plot:

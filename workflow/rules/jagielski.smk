@@ -54,9 +54,9 @@ rule jagielski_task:
     conda:
         ENV
     shell:
-        "dpaudit jagielski-task --dataset {wildcards.dataset} --spec {params.spec}"
+        "logged {log} dpaudit jagielski-task --dataset {wildcards.dataset} --spec {params.spec}"
         " --data {params.data} --device {params.device} --seed {params.seed}"
-        " --out {output} 2> {log}"
+        " --out {output}"
 
 
 rule jagielski_init:
@@ -75,9 +75,8 @@ rule jagielski_init:
     conda:
         ENV
     shell:
-        "dpaudit jagielski-init --dataset {wildcards.dataset} --arch {wildcards.arch}"
+        "logged {log} dpaudit jagielski-init --dataset {wildcards.dataset} --arch {wildcards.arch}"
         " --task {input} --hidden {params.hidden} --seed {params.seed} --out {output}"
-        " 2> {log}"
 
 
 rule jagielski_train:
@@ -116,11 +115,11 @@ rule jagielski_train:
     conda:
         ENV
     shell:
-        "dpaudit jagielski-train --task {input.task} --dataset {wildcards.dataset}"
+        "logged {log} dpaudit jagielski-train --task {input.task} --dataset {wildcards.dataset}"
         " --arch {wildcards.arch} --attack {wildcards.attack} --cells {params.cells}"
         " {params.init_file} --device {params.device} --block-trials {params.block}"
         " --store {params.store} --spec {params.spec} --seed {params.seed}"
-        " --out-dir {output} 2> {log}"
+        " --out-dir {output}"
 
 
 AUDIT_SPEC = quoted_json({k: JAG[k] for k in AUDIT_KEYS})

@@ -36,8 +36,8 @@ rule onerun_audit:
     conda:
         ENV
     shell:
-        "dpaudit onerun-audit --task {input} --spec {params.spec} --train {params.train}"
-        " --device {params.device} --seed {params.seed} --out {output} 2> {log}"
+        "logged {log} dpaudit onerun-audit --task {input} --spec {params.spec}"
+        " --train {params.train} --device {params.device} --seed {params.seed} --out {output}"
 
 
 rule onerun_many_model:

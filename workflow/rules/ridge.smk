@@ -13,7 +13,7 @@ rule ridge_audit:
     conda:
         ENV
     shell:
-        "dpaudit ridge-audit --spec {params.spec} --seed {params.seed} --out {output} 2> {log}"
+        "logged {log} dpaudit ridge-audit --spec {params.spec} --seed {params.seed} --out {output}"
 
 
 rule ridge_plot:

@@ -32,8 +32,9 @@ rule tramer_audit:
     conda:
         ENV
     shell:
-        "dpaudit tramer-audit --target {params.target} --spec {params.spec} --data {params.data}"
-        " --seed {params.seed} --out {output.table} --losses {output.losses} 2> {log}"
+        "logged {log} dpaudit tramer-audit --target {params.target} --spec {params.spec}"
+        " --data {params.data} --seed {params.seed} --out {output.table}"
+        " --losses {output.losses}"
 
 
 rule tramer_plot:
