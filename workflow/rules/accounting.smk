@@ -9,6 +9,8 @@ rule accounting_abadi:
     params:
         spec=spec("accounting", "abadi"),
         seed=config["seed"],
+    resources:
+        **job(mem_mb=2000, cpu_s=60),
     log:
         "logs/accounting_abadi.log",
     conda:
@@ -44,6 +46,8 @@ rule accounting_composition:
     params:
         spec=spec("accounting", "composition"),
         seed=config["seed"],
+    resources:
+        **job(mem_mb=2000, cpu_s=60),
     log:
         "logs/accounting_composition.log",
     conda:

@@ -13,6 +13,8 @@ rule hw3_audit:
         spec=spec("hw3"),
         seed=config["seed"],
     threads: 2
+    resources:
+        **job(mem_mb=2000, cpu_s=2.5e-8, per=lambda wc: hw3_draws(config["hw3"], wc.grid)),
     log:
         "logs/hw3_audit_{grid}.log",
     conda:

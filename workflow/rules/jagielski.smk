@@ -48,7 +48,14 @@ rule jagielski_task:
         device=job_device(JAG["device"]),
     threads: 2
     resources:
-        gpu=GPU_PER_JOB,
+        # CIFAR-10 pretrains its CNN (per image-epoch); FMNIST only reads the data.
+        **job(
+            mem_mb=3000,
+            cpu_s=9.0e-3,
+            gpu_s=7.5e-5,
+            per=lambda wc: pretrain_image_epochs(JAG, wc.dataset),
+            gpu=lambda wc: wc.dataset == "cifar",
+        ),
     log:
         "logs/jagielski_task_{dataset}.log",
     conda:
@@ -70,6 +77,8 @@ rule jagielski_init:
     params:
         hidden=lambda wc: JAG["datasets"][wc.dataset]["hidden"],
         seed=config["seed"],
+    resources:
+        **job(mem_mb=2000, cpu_s=10),
     log:
         "logs/jagielski_init_{dataset}_{arch}.log",
     conda:
@@ -109,7 +118,14 @@ rule jagielski_train:
         init_file=lambda wc, input: f"--init-file {input.init}" if input.init else "",
     threads: 2
     resources:
-        gpu=GPU_PER_JOB,
+        **job(
+            mem_mb=2000,
+            cpu_s=1.3e-2,
+            gpu_s=1.0e-4,
+            per=lambda wc: model_epochs(
+                JAG, wc.dataset, wc.attack, len(GROUPS[f"{wc.dataset}_{wc.arch}_{wc.attack}"])
+            ),
+        ),
     log:
         "logs/jagielski_train/{dataset}_{arch}_{attack}.log",
     conda:

@@ -8,6 +8,8 @@ rule ridge_audit:
     params:
         spec=spec("ridge"),
         seed=config["seed"],
+    resources:
+        **job(mem_mb=2000, cpu_s=30),
     log:
         "logs/ridge_audit.log",
     conda:

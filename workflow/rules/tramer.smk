@@ -26,7 +26,12 @@ rule tramer_audit:
         seed=config["seed"],
     threads: 2
     resources:
-        gpu=GPU_PER_JOB,
+        **job(
+            mem_mb=4000,
+            cpu_s=1.7e-3,
+            gpu_s=2.0e-5,
+            per=lambda wc: tramer_run_epochs(config["tramer"], wc.name),
+        ),
     log:
         "logs/{name}.log",
     conda:
