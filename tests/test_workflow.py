@@ -1,4 +1,5 @@
-"""The Snakemake workflow: lint, config validation, DAGs, the slurm profile, end to end.
+"""The Snakemake workflow: lint, config validation, DAGs, end to end (cluster jobs:
+test_slurm.py).
 
 Snakemake is run as ``python -m snakemake`` in a subprocess (its Python API changes
 between releases), with ``--directory`` pointing at a temporary folder.
@@ -101,13 +102,6 @@ def test_reference_tables_are_read_from_the_repository_whatever_the_directory(tm
     assert re.search(rf"{folder}/jagielski_(fig2|table2)\.csv", out.stdout + out.stderr)
 
 
-def test_slurm_profile_dry_run(tmp_path):
-    out = snakemake("-n", "--profile", str(ROOT / "profiles" / "slurm"), "--directory",
-                    str(tmp_path), "--configfile", str(ROOT / "config" / "quick.yaml"))
-    assert out.returncode == 0, out.stderr
-    assert "figures/ridge_audit.pdf" in out.stdout
-
-
 def test_single_figure_target_end_to_end(tmp_path):
     """One figure and what it needs, and nothing else; the table records config and seed."""
     cfg = load("quick.yaml")
@@ -126,47 +120,6 @@ def test_single_figure_target_end_to_end(tmp_path):
     rerun = snakemake("figures/ridge_audit.pdf", "-n", "--cores", "1", "--directory",
                       str(tmp_path), "--configfile", str(write_config(tmp_path, cfg)))
     assert "Nothing to be done" in rerun.stdout + rerun.stderr
-
-
-def test_slurm_profile_resources_name_real_rules_and_gpu_rules_ask_for_gpus():
-    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    rules = snakemake("--list-rules").stdout.split()
-    assert set(profile["set-resources"]) <= set(rules)
-    for rule in TRAINING_RULES:
-        assert profile["set-resources"][rule]["gpu"] == 1
-    default = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
-    assert "gpu" not in str(default)
-
-
-TRAINING_RULES = ("jagielski_task", "jagielski_train", "tramer_audit", "onerun_audit")
-
-
-def test_training_rules_carry_a_gpu_resource_and_run_as_cpu_jobs_without_gpus(tmp_path):
-    """No GPU here: every training job asks for gpu=0 and 2 threads, so a local run with
-    --cores 4 starts two at a time (the cap registered for gpu is torch's count, 0); every
-    other job asks for no GPU at all."""
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("needs a machine without a GPU (CI and the developers' machines)")
-    out = snakemake("-n", "--cores", "4", "--directory", str(tmp_path), "--configfile",
-                    str(ROOT / "config" / "quick.yaml"))
-    assert out.returncode == 0, out.stderr
-    jobs = re.findall(r"rule (\w+):\n(.*?)(?=\n\n|\Z)", out.stdout, re.S)
-    seen = set()
-    for rule, block in jobs:
-        resources = re.search(r"resources: (.*)", block).group(1)
-        if rule in TRAINING_RULES:
-            seen.add(rule)
-            assert "gpu=0" in resources, (rule, resources)
-            threads = re.search(r"threads: (\d+)", block)
-            assert threads and int(threads.group(1)) == 2, rule
-        else:
-            assert "gpu" not in resources, (rule, resources)
-    assert seen == set(TRAINING_RULES)
-    # --resources gpu=N is the user's override (N GPUs); the slurm profile asks per job
-    assert snakemake("-n", "--cores", "4", "--resources", "gpu=1", "--directory", str(tmp_path),
-                     "--configfile", str(ROOT / "config" / "quick.yaml")).returncode == 0
 
 
 def _fake_image_data(root: Path):

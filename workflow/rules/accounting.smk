@@ -9,13 +9,15 @@ rule accounting_abadi:
     params:
         spec=spec("accounting", "abadi"),
         seed=config["seed"],
+    resources:
+        **job(mem_mb=2000, cpu_s=60),
     log:
         "logs/accounting_abadi.log",
     conda:
         ENV
     shell:
-        "dpaudit accounting-curves --figure abadi --spec {params.spec} --seed {params.seed}"
-        " --out {output} 2> {log}"
+        "logged {log} dpaudit accounting-curves --figure abadi --spec {params.spec}"
+        " --seed {params.seed} --out {output}"
 
 
 rule accounting_abadi_plot:
@@ -44,13 +46,15 @@ rule accounting_composition:
     params:
         spec=spec("accounting", "composition"),
         seed=config["seed"],
+    resources:
+        **job(mem_mb=2000, cpu_s=60),
     log:
         "logs/accounting_composition.log",
     conda:
         ENV
     shell:
-        "dpaudit accounting-curves --figure composition --spec {params.spec}"
-        " --seed {params.seed} --out {output} 2> {log}"
+        "logged {log} dpaudit accounting-curves --figure composition --spec {params.spec}"
+        " --seed {params.seed} --out {output}"
 
 
 rule accounting_composition_plot:

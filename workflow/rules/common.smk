@@ -1,7 +1,12 @@
 # Shared helpers for the rule files.  Rules call the `dpaudit` CLI with their config
 # section as JSON (`--spec`) and write into results/ and figures/.
 import json
+import math
+import os
 import shlex
+import shutil
+import sys
+import sysconfig
 
 import torch
 
@@ -11,17 +16,44 @@ FIGURES = []
 # The project's environment (README, Set up), what every job runs in.  It documents the
 # software only; `--sdm conda` is refused in the Snakefile.
 ENV = "../../environment.yml"
-# The GPUs torch sees here. Training jobs each ask for GPU_PER_JOB GPUs (1 where there are
-# GPUs; 0 on a CPU-only machine, where they run as CPU jobs, as many as the cores allow).
-# The SLURM profile asks for one GPU per training job whatever the submitting node has.
-GPUS = torch.cuda.device_count()
-GPU_PER_JOB = 1 if GPUS else 0
-# At most as many training jobs at once as there are GPUs; `--resources gpu=N` overrides.
-# The executor is not known yet when this file is read, so a cluster profile must set its
-# own gpu limit (profiles/slurm does), or this cap (often 0 on a login node) would strip
-# the GPUs from the jobs it submits.
+
+
+# Jobs call `dpaudit`: the command installed with the Python that runs Snakemake (whose
+# dpaudit built this DAG), so its scripts folder goes first on PATH, which every job
+# inherits (SLURM jobs too: the plugin submits with --export=ALL).  A venv's snakemake
+# then works without activating the venv.  Beside it, workflow/scripts: `logged`, which
+# runs the command of every cluster job and keeps the log of a failed attempt.
+def _dpaudit_bin():
+    folders = [sysconfig.get_path("scripts"), sysconfig.get_path("scripts", f"{os.name}_user")]
+    for folder in folders:
+        if os.path.isfile(os.path.join(folder, "dpaudit")):
+            return folder
+    found = shutil.which("dpaudit")  # installed without scripts (PYTHONPATH) plus a wrapper
+    if found:
+        return os.path.dirname(found)
+    raise WorkflowError(
+        f"dpaudit: command not found: the jobs call the `dpaudit` command of the Python "
+        f"that runs snakemake ({sys.executable}), but it is not in {' or '.join(folders)} "
+        "nor on PATH: install the project into that environment (`pip install -e .` in the "
+        "repository, README, Set up) and run that environment's snakemake"
+    )
+
+
+os.environ.update(
+    PATH=os.pathsep.join(
+        [_dpaudit_bin(), os.path.join(workflow.basedir, "workflow", "scripts")]
+        + os.environ.get("PATH", "").split(os.pathsep)
+    )
+)
+
+# Training asks for a GPU wherever the run has GPUs: those torch sees here, or a limit set
+# with `--resources gpu=N` (at most N training jobs at once).  A cluster profile sets that
+# limit, since the executor is not known yet when this file is read and the submitting
+# host often has no GPU: profiles/slurm a large one, profiles/slurm-cpu 0.  Without GPUs
+# the training jobs run as CPU jobs, as many at once as the cores allow.
 if "gpu" not in workflow.global_resources:
-    workflow.register_resource("gpu", GPUS)
+    workflow.register_resource("gpu", torch.cuda.device_count())
+GPU_PER_JOB = 1 if workflow.global_resources["gpu"].value else 0
 
 
 def job_device(setting):
@@ -30,6 +62,83 @@ def job_device(setting):
     return lambda wildcards, resources: (
         "cuda" if setting == "auto" and resources.get("gpu", 0) else setting
     )
+
+
+# What a job that runs on a cluster node asks for: a GPU if it trains and the run has
+# GPUs; a time limit (SLURM's --time): its work in the config at the speed measured for
+# its rule (docs/scale.md, "Job sizes") times MARGIN, at least MIN_MINUTES, times the
+# attempt's number; the memory measured, plus CUDA_HOST_MB with a GPU; the account and
+# partition set in the environment (each only where set).  Local runs use only `gpu`.
+MIN_MINUTES = 10
+# Covers a GPU up to 5 times slower than the H100 the GPU speeds come from, and CPU cores
+# up to 3 times slower than the 2 the CPU speeds come from.
+MARGIN = {"gpu": 5, "cpu": 3}
+# CUDA's libraries and context in host memory (an allowance: the GPU run measured only the
+# GPU's memory).
+CUDA_HOST_MB = 4000
+ACCOUNT = os.environ.get("DPAUDIT_SLURM_ACCOUNT")
+PARTITION = {
+    "cpu": os.environ.get("DPAUDIT_SLURM_PARTITION"),
+    "gpu": os.environ.get("DPAUDIT_SLURM_GPU_PARTITION"),
+}
+
+
+def job(mem_mb, cpu_s, gpu_s=None, per=None, gpu=None):
+    """The `resources` of jobs that run on cluster nodes, for their rule.
+    `per(wildcards)`: a job's units of work (default 1); `cpu_s`: measured seconds per
+    unit on 2 CPU cores; `mem_mb`: the measured peak memory there, MB. The rules that
+    train give `gpu_s`, the measured seconds per unit on one H100: their jobs ask for a
+    GPU where the run has GPUs and, given `gpu(wildcards)`, where that is true."""
+    uses_gpu = lambda wc: GPU_PER_JOB if gpu_s and (gpu is None or gpu(wc)) else 0
+    kind = lambda wc: "gpu" if uses_gpu(wc) else "cpu"
+
+    def runtime(wildcards, attempt):
+        seconds = (per(wildcards) if per else 1) * (gpu_s if uses_gpu(wildcards) else cpu_s)
+        return attempt * max(MIN_MINUTES, math.ceil(MARGIN[kind(wildcards)] * seconds / 60))
+
+    resources = {"runtime": runtime, "mem_mb": lambda wc: mem_mb + CUDA_HOST_MB * uses_gpu(wc)}
+    if gpu_s:
+        resources["gpu"] = uses_gpu
+    if ACCOUNT:
+        resources["slurm_account"] = ACCOUNT
+    if any(PARTITION.values()):
+        resources["slurm_partition"] = lambda wc: PARTITION[kind(wc)]
+    return resources
+
+
+# Units of work of the jobs whose time grows with the config (`job(per=...)`).
+def model_epochs(jag, dataset, attack, cells):
+    """A training job (a group of `cells`): models (trials per side and cell) x epochs."""
+    sides = 2 if attack == "mi" else 1 + len(jag["ks"])
+    return cells * jag["trials"] * sides * jag["datasets"][dataset]["epochs"]
+
+
+def pretrain_image_epochs(jag, dataset):
+    """A task job: CIFAR-10's pretraining (all images: CIFAR-100's 50,000 at most); FMNIST's
+    only reads the data."""
+    cifar = jag["datasets"]["cifar"]
+    return cifar["pretrain_epochs"] * (cifar["pretrain_images"] or 50_000) * (dataset == "cifar")
+
+
+def tramer_run_epochs(tramer, name):
+    """A Tramer et al. audit: runs (evaluation and validation, each side and implementation)
+    x epochs; your own function (`audit_user`) counts as DP-SGD."""
+    impls, sec = tramer["implementations"], tramer
+    if name == "audit_user":
+        impls, sec = ["user"], tramer["user"]
+    return 2 * len(impls) * (sec["runs"] + sec["val_runs"]) * tramer["model"]["epochs"]
+
+
+def onerun_run_epochs(onerun, epochs):
+    """The one-run audit job: runs (each with its m canaries) x epochs."""
+    runs = onerun["repeats"] * len(onerun["archs"]) * len(onerun["eps"]) * len(onerun["canaries"])
+    return runs * epochs
+
+
+def hw3_draws(hw3, grid):
+    """An HW3 sweep: Gaussian coordinates drawn, repeats x m x d over its points."""
+    axes = hw3["grids"][grid]
+    return hw3["repeats"] * len(axes["eps"]) * sum(m * d for m in axes["m"] for d in axes["d"])
 
 
 def quoted_json(value):

@@ -13,13 +13,15 @@ rule hw3_audit:
         spec=spec("hw3"),
         seed=config["seed"],
     threads: 2
+    resources:
+        **job(mem_mb=2000, cpu_s=2.5e-8, per=lambda wc: hw3_draws(config["hw3"], wc.grid)),
     log:
         "logs/hw3_audit_{grid}.log",
     conda:
         ENV
     shell:
-        "dpaudit hw3-audit --grid {wildcards.grid} --spec {params.spec} --seed {params.seed}"
-        " --threads {threads} --out {output} 2> {log}"
+        "logged {log} dpaudit hw3-audit --grid {wildcards.grid} --spec {params.spec}"
+        " --seed {params.seed} --threads {threads} --out {output}"
 
 
 rule hw3_plot:

@@ -48,15 +48,22 @@ rule jagielski_task:
         device=job_device(JAG["device"]),
     threads: 2
     resources:
-        gpu=GPU_PER_JOB,
+        # CIFAR-10 pretrains its CNN (per image-epoch); FMNIST only reads the data.
+        **job(
+            mem_mb=3000,
+            cpu_s=9.0e-3,
+            gpu_s=7.5e-5,
+            per=lambda wc: pretrain_image_epochs(JAG, wc.dataset),
+            gpu=lambda wc: wc.dataset == "cifar",
+        ),
     log:
         "logs/jagielski_task_{dataset}.log",
     conda:
         ENV
     shell:
-        "dpaudit jagielski-task --dataset {wildcards.dataset} --spec {params.spec}"
+        "logged {log} dpaudit jagielski-task --dataset {wildcards.dataset} --spec {params.spec}"
         " --data {params.data} --device {params.device} --seed {params.seed}"
-        " --out {output} 2> {log}"
+        " --out {output}"
 
 
 rule jagielski_init:
@@ -70,14 +77,15 @@ rule jagielski_init:
     params:
         hidden=lambda wc: JAG["datasets"][wc.dataset]["hidden"],
         seed=config["seed"],
+    resources:
+        **job(mem_mb=2000, cpu_s=10),
     log:
         "logs/jagielski_init_{dataset}_{arch}.log",
     conda:
         ENV
     shell:
-        "dpaudit jagielski-init --dataset {wildcards.dataset} --arch {wildcards.arch}"
+        "logged {log} dpaudit jagielski-init --dataset {wildcards.dataset} --arch {wildcards.arch}"
         " --task {input} --hidden {params.hidden} --seed {params.seed} --out {output}"
-        " 2> {log}"
 
 
 rule jagielski_train:
@@ -110,17 +118,24 @@ rule jagielski_train:
         init_file=lambda wc, input: f"--init-file {input.init}" if input.init else "",
     threads: 2
     resources:
-        gpu=GPU_PER_JOB,
+        **job(
+            mem_mb=2000,
+            cpu_s=1.3e-2,
+            gpu_s=1.0e-4,
+            per=lambda wc: model_epochs(
+                JAG, wc.dataset, wc.attack, len(GROUPS[f"{wc.dataset}_{wc.arch}_{wc.attack}"])
+            ),
+        ),
     log:
         "logs/jagielski_train/{dataset}_{arch}_{attack}.log",
     conda:
         ENV
     shell:
-        "dpaudit jagielski-train --task {input.task} --dataset {wildcards.dataset}"
+        "logged {log} dpaudit jagielski-train --task {input.task} --dataset {wildcards.dataset}"
         " --arch {wildcards.arch} --attack {wildcards.attack} --cells {params.cells}"
         " {params.init_file} --device {params.device} --block-trials {params.block}"
         " --store {params.store} --spec {params.spec} --seed {params.seed}"
-        " --out-dir {output} 2> {log}"
+        " --out-dir {output}"
 
 
 AUDIT_SPEC = quoted_json({k: JAG[k] for k in AUDIT_KEYS})

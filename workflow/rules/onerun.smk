@@ -30,14 +30,17 @@ rule onerun_audit:
         device=job_device(config["jagielski"]["device"]),
     threads: 2
     resources:
-        gpu=GPU_PER_JOB,
+        # A CPU job: on the H100 it took as long as on 2 CPU cores.
+        **job(
+            mem_mb=2000, cpu_s=0.03, per=lambda wc: onerun_run_epochs(ONERUN, FMNIST["epochs"])
+        ),
     log:
         "logs/onerun_audit.log",
     conda:
         ENV
     shell:
-        "dpaudit onerun-audit --task {input} --spec {params.spec} --train {params.train}"
-        " --device {params.device} --seed {params.seed} --out {output} 2> {log}"
+        "logged {log} dpaudit onerun-audit --task {input} --spec {params.spec}"
+        " --train {params.train} --device {params.device} --seed {params.seed} --out {output}"
 
 
 rule onerun_many_model:

@@ -8,12 +8,14 @@ rule ridge_audit:
     params:
         spec=spec("ridge"),
         seed=config["seed"],
+    resources:
+        **job(mem_mb=2000, cpu_s=30),
     log:
         "logs/ridge_audit.log",
     conda:
         ENV
     shell:
-        "dpaudit ridge-audit --spec {params.spec} --seed {params.seed} --out {output} 2> {log}"
+        "logged {log} dpaudit ridge-audit --spec {params.spec} --seed {params.seed} --out {output}"
 
 
 rule ridge_plot:

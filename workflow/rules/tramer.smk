@@ -26,14 +26,20 @@ rule tramer_audit:
         seed=config["seed"],
     threads: 2
     resources:
-        gpu=GPU_PER_JOB,
+        **job(
+            mem_mb=4000,
+            cpu_s=1.7e-3,
+            gpu_s=2.0e-5,
+            per=lambda wc: tramer_run_epochs(config["tramer"], wc.name),
+        ),
     log:
         "logs/{name}.log",
     conda:
         ENV
     shell:
-        "dpaudit tramer-audit --target {params.target} --spec {params.spec} --data {params.data}"
-        " --seed {params.seed} --out {output.table} --losses {output.losses} 2> {log}"
+        "logged {log} dpaudit tramer-audit --target {params.target} --spec {params.spec}"
+        " --data {params.data} --seed {params.seed} --out {output.table}"
+        " --losses {output.losses}"
 
 
 rule tramer_plot:
