@@ -6,12 +6,14 @@ ValueError whose message names that argument before its first ": " and says what
 ("must" or "need"); returning a value, or any other exception (numpy's, brentq's, a
 TypeError, a warning turned into an error), is a failure.  The bad values of an argument
 come from its kind (a level, a delta, a count array, a score array, ...), which the
-parameter's name selects in ``KIND``; a function whose parameters all have known names is
-covered without a word here (``DEFAULT`` gives each a valid value, ``VALID`` overrides them
-per function where they must agree), and one with a new name fails until it is given a
-kind.  ``EXTRA`` adds values bad only beside the others (``ct > n``), ``ALLOWED`` exempts
-values one function accepts.  About 2,100 calls, 2 s.  ``EDGES``: valid extremes (tiny
-levels, 2**53 trials, infinite scores, numpy scalar types) must still give the right result.
+parameter's name selects in ``KIND`` (``KIND_OF`` where one function gives a name another
+meaning: ``scores_pos`` as a mapping ``{k: scores}``); a function whose parameters all have
+known names is covered without a word here (``DEFAULT`` gives each a valid value, ``VALID``
+overrides them per function where they must agree), and one with a new name fails until it
+is given a kind.  ``EXTRA`` adds values bad only beside the others (``ct > n``),
+``ALLOWED`` exempts values one function accepts.  About 2,500 calls, 2 s.  ``EDGES``: valid
+extremes (tiny levels, 2**53 trials, infinite scores, numpy scalar types, whole-float keys
+and orders) must still give the right result.
 """
 
 from __future__ import annotations
@@ -74,8 +76,38 @@ SCORES = [None, "x", "12", b"1", 1 + 0j, True, {}, object, [], 5.0, [NAN, 1.0, 2
           [True, False, True], np.array([True, False, True]), [[1.0, 2.0], [3.0, 4.0]],
           [None, 1.0, 2.0], np.array(["a", "b", "c"])]
 
+#: A mapping {k: scores} of the D1 sides (valid: ``BY_K``): not a mapping, empty, a key that
+#: is no whole number >= 1, or bad scores under a key.
+BY_K = {1: [1.0, 2.0, 3.0, 4.0], 2: [2.0, 3.0, 4.0, 5.0]}
+SCORES_BY_K = [*SCORES, [BY_K[1], BY_K[2]], list(BY_K.items()), np.array([BY_K[1]]),
+               *({key: BY_K[1]} for key in (0, -1, np.int64(0), 1.5, NAN, INF, 2**80, "1",
+                                             b"1", None, True, np.bool_(True), 1 + 0j, (1,))),
+               *({1: bad} for bad in [*SCORES, [1.0]]), {1: BY_K[1], 2: [NAN, 1.0, 2.0]}]
+#: How many re-splits to draw: a whole number >= 1, and not so many they cannot be held.
+SPLITS = [*POSITIVE_INT, -5, 10**12, 2**53]
+#: A seed that draws the same every time: an int >= 0 or a SeedSequence (default_rng takes
+#: None, booleans and Generators too, but those are not reproducible or not a seed).
+SEED = [*NOT_NUMBERS, *NOT_SCALARS, NAN, INF, -INF, 1.5, 2.0, -1, np.int64(-1), -(2**80),
+        [1, 2], [-1], np.array([1, 2]), np.array(3), np.random.default_rng(0),
+        np.random.PCG64(0)]
+#: Re-split orders (order_neg, {k: order_pos}) for BY_K and 4 negative trials: each an
+#: integer array (splits, 4) whose rows permute range(4), the same splits and ks throughout.
+_I, _BY_K_ORDERS = np.arange(4)[None], {1: np.arange(4)[None], 2: np.arange(4)[None]}
+ORDERS = ["x", 1, NAN, True, [], (), (_I,), (_I, _BY_K_ORDERS, _I), {0: _I, 1: _BY_K_ORDERS},
+          (_I, [_I, _I]), (_I, None), (_I, {1: _I}), (_I, {1: _I, 2: _I, 4: _I}),
+          (_I, {"1": _I, "2": _I}), (_I, {0: _I, 1: _I}),
+          *((bad, _BY_K_ORDERS) for bad in [
+              None, "x", [], np.arange(4), _I[None], np.arange(5)[None], _I[:, :3],
+              np.zeros((0, 4), int), np.zeros((1, 4), int), _I + 1, [[0, 1, 2, -1]], _I + 0.5,
+              [[0.0, 1.0, 2.0, NAN]], _I.astype(str), _I.astype(bool), _I + 0j,
+              [[0, 1, 2, 3], [0, 1, 2]], [[0, 1, 2, 3 + 2**80]]]),
+          *((_I, {1: _I, 2: bad}) for bad in [
+              None, "x", np.arange(4), np.zeros((1, 4), int), np.tile(_I, (2, 1)),
+              [[3, 2, 1, 1]], _I + 0.5])]
+
 KIND = {
     "alpha": LEVEL, "beta": LEVEL, "max_fpr": LEVEL, "select_frac": LEVEL,
+    "select_alpha": LEVEL, "splits": SPLITS, "seed": SEED, "orders": ORDERS,
     "delta": DELTA, "mu": NONNEG, "eps": NONNEG,
     "ct": COUNT, "ct_pos": COUNT, "ct_neg": COUNT, "v": COUNT, "r": COUNT,
     "n": TOTAL, "n_pos": TOTAL, "n_neg": TOTAL, "m": TOTAL,
@@ -101,6 +133,9 @@ KIND = {
     "name": [None, "", 1, b"scores", ["scores"]],
 }
 
+#: The kind of a parameter whose name means something else in one function.
+KIND_OF = {(f, "scores_pos"): SCORES_BY_K for f in ("eps_lb_paper_rule", "eps_lb_resplits")}
+
 #: A valid value of each parameter name (functions whose arguments must agree override it).
 DEFAULT = {
     "alpha": 0.05, "beta": 0.05, "max_fpr": 0.25, "select_frac": 0.5, "delta": 1e-5,
@@ -112,11 +147,13 @@ DEFAULT = {
     "eval_pos": [1.5, 2.5, 3.5], "eval_neg": [0.2, 0.7, 2.0],
     "bound": bounds.eps_lb_clopper_pearson, "ties": "first", "scores": [3.0, 2.0, 1.0, 0.0],
     "included": [1, 0, 1, 0], "correct": [2, 4, 5, 7, 9], "ks": None,
+    "select_alpha": 0.05, "splits": 3, "seed": 0, "orders": None,
 }
 VALID = {
     "mu_lb_one_run_gdp": dict(r=10, v=9), "eps_lb_one_run_fdp": dict(r=10, v=9),
     "guess_counts": dict(k_max=2), "one_run_sweep": dict(m=20),
     "scores_array": dict(scores=[0.5, 1.0]),
+    "eps_lb_paper_rule": dict(scores_pos=BY_K), "eps_lb_resplits": dict(scores_pos=BY_K),
 }
 #: Bad only in relation to the other (valid) arguments: still the named argument's fault.
 EXTRA = {
@@ -138,12 +175,19 @@ EXTRA = {
     ("scores_array", "scores"): SCORES,
     ("split_trials", "select_frac"): [0.1],  # no selection trial of 4
     ("threshold_split_audit", "select_frac"): [0.1],
+    ("eps_lb_paper_rule", "select_frac"): [0.1], ("eps_lb_resplits", "select_frac"): [0.1],
 }
 #: Values of a kind that are valid for this function.
 ALLOWED = {
     ("eps_gdp_estimate", "mu"): [-INF, -1e-300, -1.0],  # a lower bound below 0 certifies nothing
     ("scores_array", "scores"): [[1.0]],  # min_size=1
 }
+#: Separable trials in exchangeable order: 20 of 40 choose a threshold, 20 evaluate it.
+_SEP_POS, _SEP_NEG = 100.0 + np.arange(40) % 20, np.arange(40.0) % 20
+#: The reference code's value of a perfect split of 20 evaluation trials per side (its
+#: two-sided Clopper-Pearson interval at 0.99): ln(lo / (1 - lo)), lo = 0.005^(1/20).
+_SEP_PAPER = math.log(0.005 ** (1 / 20) / (1 - 0.005 ** (1 / 20)))
+
 #: Accepted values whose result the fuzzer checks: valid edges of every kind.
 EDGES = [
     (lambda: bounds.clopper_pearson(0, 1, 1e-300), lambda lo_hi: lo_hi == (0.0, 1.0)),
@@ -208,6 +252,18 @@ EDGES = [
     (lambda: bounds.one_run_sweep(2, [2], 0.0, 0.05), lambda res: res["eps_lb"] == 0.0),
     (lambda: bounds.one_run_sweep(20, [[2, 4, 5, 7, 9], [0, 0, 0, 0, 0]], 1e-5, ks=[5]),
      lambda res: res["eps_lb"].shape == (2,) and res["eps_lb"][1] == 0.0),
+    (lambda: bounds.eps_lb_paper_rule({np.int64(1): _SEP_POS, 2.0: _SEP_POS}, _SEP_NEG),
+     lambda res: [type(k) for k in res.per_k] == [int, int]
+     and res.per_k == pytest.approx({1: _SEP_PAPER, 2: _SEP_PAPER / 2}, rel=1e-12)),
+    (lambda: bounds.eps_lb_resplits({1: [0.0, 1.0]}, [0.0, 1.0], 0.5, splits=1),
+     lambda v: v.tolist() == [0.0]),
+    (lambda: bounds.eps_lb_resplits({1: _SEP_POS}, _SEP_NEG, 0.05, orders=(
+        [np.arange(40.0).tolist()], {1.0: [np.arange(40.0).tolist()]})),
+     lambda v: v == pytest.approx([bounds.eps_lb_clopper_pearson(20, 20, 0, 20, 0.05)])),
+    (lambda: bounds.eps_lb_resplits({1: _SEP_POS}, _SEP_NEG, 0.05, 1e-5, np.float32(0.5),
+                                    np.int64(4), np.uint64(3)),
+     lambda v: v.tolist() == bounds.eps_lb_resplits({1: _SEP_POS}, _SEP_NEG, 0.05, 1e-5,
+                                                    0.5, 4, 3).tolist()),
 ]
 
 
@@ -218,10 +274,15 @@ def _is_function(obj) -> bool:  # functions, also wrapped ones (lru_cache, parti
 FUNCTIONS = [name for name in bounds.__all__ if _is_function(getattr(bounds, name))]
 
 
+def _kind(name: str, p: str) -> list | None:
+    """The bad values of ``bounds.<name>``'s argument ``p`` (None if it has no kind)."""
+    return KIND_OF.get((name, p), KIND.get(p))
+
+
 def _untabled(name: str) -> str | None:
     """Why ``bounds.<name>`` cannot be fuzzed yet (an argument of unknown kind), or None."""
     for p in inspect.signature(getattr(bounds, name)).parameters:
-        if p not in KIND or not (p in DEFAULT or p in VALID.get(name, {})):
+        if _kind(name, p) is None or not (p in DEFAULT or p in VALID.get(name, {})):
             return (f"bounds.{name}'s argument {p!r} has no kind: add its bad values to KIND "
                     f"and a valid value to DEFAULT (or VALID[{name!r}]) in {__file__}")
     return None
@@ -237,7 +298,7 @@ def _bad_calls(name: str):
     valid = _valid_call(name)
     for p in valid:
         allowed = ALLOWED.get((name, p), [])
-        for bad in KIND[p] + EXTRA.get((name, p), []):
+        for bad in _kind(name, p) + EXTRA.get((name, p), []):
             if not any(bad is a or (type(bad) is type(a) and bad == a) for a in allowed):
                 yield p, bad, {**valid, p: bad}
 

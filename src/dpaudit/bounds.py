@@ -790,17 +790,13 @@ def threshold_scan_audit(scores_pos, scores_neg, bound: Bound, alpha: float) -> 
 # ---- the reference code's Table 2 procedure, and how much one split moves a bound ----
 
 def _scores_by_k(scores_pos) -> dict[int, np.ndarray]:
-    """``{k: scores}`` of the D1 sides, each k an integer >= 1 (sorted), scores in trial
-    order; a ValueError names a bad k or score array."""
+    """``{k: scores}`` of the D1 sides, each k a whole number >= 1 (sorted), scores in trial
+    order (at least 2 each); a ValueError names a bad k or score array."""
     if not isinstance(scores_pos, Mapping) or not scores_pos:
         raise ValueError(f"scores_pos={type(scores_pos).__name__}: must be a non-empty "
                          f"mapping {{k: scores of the D1 side with k canaries}}")
-    out = {}
-    for k, s in scores_pos.items():
-        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"scores_pos: key k={k!r} must be an integer >= 1 (the number "
-                             f"of canaries of that D1 side)")
-        out[int(k)] = scores_array(f"scores_pos[{k!r}]", s, 2)
+    out = {_check_k(k, "scores_pos key k"): scores_array(f"scores_pos[{k!r}]", s, 2)
+           for k, s in scores_pos.items()}
     return dict(sorted(out.items()))
 
 
@@ -870,8 +866,9 @@ def eps_lb_paper_rule(scores_pos, scores_neg, select_frac: float = 0.5,
     """
     pos = _scores_by_k(scores_pos)
     neg = scores_array("scores_neg", scores_neg, 2)
-    for name, level in (("select_alpha", select_alpha), ("alpha", alpha)):
-        _check_level(name, level)
+    select_frac = _check_level("select_frac", select_frac)
+    select_alpha = _check_level("select_alpha", select_alpha)
+    alpha = _check_level("alpha", alpha)
     per_k, thresholds, counts = {}, {}, {}
     for k, sp in pos.items():
         vp, vn, ep, en = split_trials(sp, neg, select_frac)
@@ -946,6 +943,46 @@ def _resplit_orders(n: int, splits: int, rng: np.random.Generator) -> np.ndarray
     return rng.permuted(np.tile(np.arange(n), (splits, 1)), axis=1)
 
 
+#: Most ``splits x trials`` :func:`eps_lb_resplits` draws (its arrays take about 40 bytes
+#: per entry: 10**8 is about 4 GB).
+_MAX_RESPLIT_ENTRIES = 10**8
+
+
+def _check_seed(seed):
+    """An int >= 0 or a ``numpy.random.SeedSequence`` (:mod:`dpaudit.seeds` makes them):
+    what makes the same draws on every call (None, a Generator, booleans, floats, text and
+    negative numbers are refused)."""
+    if isinstance(seed, np.random.SeedSequence) or (
+            isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
+        return seed
+    raise ValueError(f"seed={seed!r}: must be an int >= 0 or a numpy.random.SeedSequence "
+                     f"(re-splits must be reproducible)")
+
+
+def _check_orders(orders, n_neg: int, n_pos: dict[int, int]):
+    """``(order_neg, {k: order_pos})`` as int arrays of shape ``(splits, n)``, each row a
+    permutation of the ``n`` trials of its side, the ks those of the scores."""
+    allowed = "be None or a pair (order_neg, {k: order_pos}) of (splits, n) arrays"
+    if not isinstance(orders, (tuple, list)) or len(orders) != 2 or not isinstance(
+            orders[1], Mapping):
+        raise ValueError(f"orders={type(orders).__name__}: must {allowed}")
+    if set(orders[1]) != set(n_pos):
+        raise ValueError(f"orders: the D1 orders are for k in {sorted(orders[1], key=repr)}, "
+                         f"the scores for k in {sorted(n_pos)}: must be the same ks")
+    order_neg = _whole("orders: order_neg", orders[0])
+    order_pos = {k: _whole(f"orders: order_pos[{k}]", orders[1][k]) for k in n_pos}
+    splits = len(order_neg) if order_neg.ndim == 2 else None
+    for name, o, n in [("order_neg", order_neg, n_neg),
+                       *((f"order_pos[{k}]", order_pos[k], n_pos[k]) for k in n_pos)]:
+        if o.ndim != 2 or o.shape != (splits, n):
+            raise ValueError(f"orders: {name} has shape {o.shape}: need "
+                             f"({splits or 'splits'}, {n}), one row per split")
+        if np.any(np.sort(o, axis=1) != np.arange(n)):
+            raise ValueError(f"orders: {name} has a row that is no order of the {n} trials: "
+                             f"each row must be a permutation of 0..{n - 1}")
+    return order_neg, order_pos
+
+
 def eps_lb_resplits(scores_pos, scores_neg, alpha: float, delta: float = 0.0,
                     select_frac: float = 0.5, splits: int = 200, seed=0,
                     orders: tuple | None = None) -> np.ndarray:
@@ -958,10 +995,12 @@ def eps_lb_resplits(scores_pos, scores_neg, alpha: float, delta: float = 0.0,
     ``alpha / len(ks)`` with ``delta`` and k (threshold chosen on ``select_frac`` of each
     side's trials, evaluated on the rest), the largest over k. Each re-split draws a new
     random order of each side's trials (one for D0, shared by every k, one per D1 side)
-    from ``seed`` (an int or a ``numpy.random.SeedSequence``); ``orders = (order_neg,
-    {k: order_pos})``, arrays of shape ``(splits, n)``, gives them instead (the identity
-    order is the pre-registered split). All splits are computed at once from tables of the
-    bound at every count pair.
+    from ``seed`` (an int >= 0 or a ``numpy.random.SeedSequence``); ``orders = (order_neg,
+    {k: order_pos})``, arrays of shape ``(S, n)`` whose rows permute each side's trials,
+    gives ``S`` of them instead (the identity order is the pre-registered split; ``splits``
+    and ``seed`` are then unused). All splits are computed at once from tables of the bound
+    at every count pair, so ``splits`` times the number of trials is at most 10**8 (about
+    4 GB).
 
     Returns the ``splits`` values. Each one alone is a ``1 - alpha`` lower bound, but
     their spread, or a quantile or maximum over splits, is no bound at all (choosing the
@@ -970,30 +1009,28 @@ def eps_lb_resplits(scores_pos, scores_neg, alpha: float, delta: float = 0.0,
     """
     pos = _scores_by_k(scores_pos)
     neg = scores_array("scores_neg", scores_neg, 2)
-    _check_level("alpha", alpha)
-    _check_delta(delta)
-    level = alpha / len(pos)
+    alpha, delta = _check_level("alpha", alpha), _check_delta(delta)
+    select_frac = _check_level("select_frac", select_frac)
+    for sp in pos.values():  # each k's split leaves trials to select and to evaluate
+        split_trials(sp, neg, select_frac)
+    splits = _check_k(splits, "splits")
+    seed = _check_seed(seed)
+    trials = len(neg) + sum(len(sp) for sp in pos.values())
     if orders is None:
-        if isinstance(splits, (bool, np.bool_)) or not isinstance(splits, (int, np.integer)) \
-                or splits < 1:
-            raise ValueError(f"splits={splits!r}: must be an integer >= 1")
+        if splits * trials > _MAX_RESPLIT_ENTRIES:
+            raise ValueError(f"splits={splits}: must be at most "
+                             f"{_MAX_RESPLIT_ENTRIES // trials} for {trials} trials (every "
+                             f"split's trial order is held in memory: splits x trials <= "
+                             f"{_MAX_RESPLIT_ENTRIES:.0e})")
         rng = np.random.default_rng(seed)
-        order_neg = _resplit_orders(len(neg), int(splits), rng)
-        order_pos = {k: _resplit_orders(len(s), int(splits), rng) for k, s in pos.items()}
+        order_neg = _resplit_orders(len(neg), splits, rng)
+        order_pos = {k: _resplit_orders(len(s), splits, rng) for k, s in pos.items()}
     else:
-        if set(orders[1]) != set(pos):
-            raise ValueError(f"orders: the D1 orders are for k in {sorted(orders[1])}, the "
-                             f"scores for k in {sorted(pos)}")
-        order_neg, order_pos = np.asarray(orders[0]), {k: np.asarray(orders[1][k]) for k in pos}
-        for name, o, n in [("order_neg", order_neg, len(neg)),
-                           *((f"order_pos[{k}]", order_pos[k], len(pos[k])) for k in pos)]:
-            if o.ndim != 2 or o.shape != (len(order_neg), n) or \
-                    np.any(np.sort(o, axis=1) != np.arange(n)):
-                raise ValueError(f"orders: {name} has shape {o.shape}: need ({len(order_neg)}, "
-                                 f"{n}) rows, each an order of the {n} trials")
+        order_neg, order_pos = _check_orders(orders, len(neg),
+                                             {k: len(s) for k, s in pos.items()})
+    level = alpha / len(pos)
     out = None
     for k, sp in pos.items():
-        split_trials(sp, neg, select_frac)
         v = _resplit_one_k(sp, neg, order_pos[k], order_neg, select_frac, level, delta, k)
         out = v if out is None else np.maximum(out, v)
     return out
