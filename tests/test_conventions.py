@@ -29,7 +29,7 @@ LOCAL_RULES = ("data", "jagielski_fig2_table", "jagielski_table2_table",
                "jagielski_table2_html", "jagielski_plot", "onerun_many_model", "onerun_plot",
                "tramer_plot", "hw3_plot", "ridge_plot", "accounting_abadi_plot",
                "accounting_composition_plot", "trials_needed_table", "trials_needed_plot",
-               "jagielski_reference_md")
+               "jagielski_reference_md", "tramer_reference_plot")
 
 
 def _jobs(dry_run: str) -> list[tuple[str, str, str]]:

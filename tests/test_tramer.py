@@ -368,3 +368,27 @@ def test_report_caption_renders_as_snakemake_renders_it():
                                "config": {"tramer": tramer_cfg}})
         out = template.render(snakemake=snake)
         assert first + "Histograms of the canary's loss" in out, out
+
+
+def test_reference_targets_draw_the_kept_tables_without_training(tmp_path):
+    """`tramer_reference` and `trials_needed_reference` read reference/ and only plot."""
+    import re
+    from pathlib import Path
+
+    from test_workflow import snakemake
+
+    out = snakemake("-n", "--directory", str(tmp_path), "tramer_reference",
+                    "trials_needed_reference")
+    assert out.returncode == 0, out.stderr
+    jobs = set(re.findall(r"^(?:local)?rule (\w+):", out.stdout, re.M))
+    assert jobs == {"tramer_reference_plot", "tramer_reference",
+                    "trials_needed_reference_plot", "trials_needed_reference"}
+    ref = Path(__file__).parents[1] / "reference"
+    assert f"{ref}/tramer_audit_hist.csv" in out.stdout
+    # the kept table is the GPU run's 100,000 runs per side, with the accuracy columns
+    table, meta = read_table(ref / "tramer_audit.csv")
+    assert table.runs.tolist() == [100_000, 100_000] and meta["audit"]["spec"]["runs"] == 100_000
+    assert table.verdict.tolist() == [tramer.VIOLATES, tramer.NO_VIOLATION]
+    for row in table.itertuples():  # its bounds are those of its counts
+        again = tramer.audit_counts(row.ct_pos, row.runs, row.ct_neg, row.runs, EPS, DELTA)
+        assert row.eps_lb == pytest.approx(again["eps_lb"], rel=1e-12)
