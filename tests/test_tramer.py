@@ -5,6 +5,7 @@ import textwrap
 
 import dp_accounting
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from scipy import special, stats
@@ -12,7 +13,7 @@ from scipy import special, stats
 from dpaudit import canaries, subjects
 from dpaudit.experiments import tramer
 from dpaudit.cli import main
-from dpaudit.io import read_table
+from dpaudit.io import read_table, write_table
 
 EPS, DELTA, ALPHA = 0.21, 1e-5, 1e-10
 
@@ -81,6 +82,7 @@ def test_worked_check_inconsistent_with_claim():
     # GDP test: mu_LB = Phi^-1(TPR_lo) - Phi^-1(FPR_hi), far above the claim's mu.
     assert out["mu_lb"] == pytest.approx(special.ndtri(tpr_lo) - special.ndtri(fpr_hi), rel=1e-9)
     assert out["mu_lb"] > 10 * out["mu_claimed"] and out["eps_lb_gdp"] > out["eps_lb"]
+    assert round(out["eps_lb"], 3) == 2.795  # the number docs/tramer.md compares ours with
 
 
 def test_consistent_counts_give_no_violation():
@@ -167,8 +169,38 @@ def test_katz_and_bayes_beside_the_verdict_on_the_lectures_counts():
 def test_predict_with_wrong_shape_is_a_contract_error():
     X, y = _image_like(20, 2, 2)
     with pytest.raises(ValueError, match="contract"):
-        tramer.canary_log_probs(lambda X, y, s, spec: (lambda x: torch.zeros(len(x), 2)),
-                                X, y, X[0], [1, 2], {})
+        tramer.train_runs(lambda X, y, s, spec: (lambda x: torch.zeros(len(x), 2)),
+                          X, y, X[0], [1, 2], {})
+
+
+def test_train_runs_test_accuracy_and_canary_log_probs():
+    """Fixed linear models (one per seed): the canary's log-probabilities and each model's
+    test accuracy against numpy; a non-finite logit makes a prediction wrong."""
+    X, y = _image_like(30, 2, 1)
+    Xt, yt = _image_like(50, 2, 1, seed=5)
+    W = torch.randn(3, 3, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    def train(X_, y_, seeds, spec):
+        def predict(x):
+            z = torch.einsum("md,kdc->kmc", x.double(), W)
+            if len(x) > 1:
+                z[2, 0] = torch.nan  # model 2 diverged on the first test point
+            return z
+        return predict
+
+    out = tramer.train_runs(train, X, y, X[0], [1, 2, 3], {}, test=(Xt, yt))
+    z = np.einsum("md,kdc->kmc", np.vstack([X[:1].numpy(), Xt.numpy()]), W.numpy())
+    lp = z[:, 0] - np.log(np.exp(z[:, 0]).sum(1, keepdims=True))
+    np.testing.assert_allclose(out["log_prob"], lp, rtol=1e-12)
+    right = z[:, 1:].argmax(-1) == yt.numpy()
+    right[2, 0] = False
+    np.testing.assert_array_equal(out["test_acc"], right.mean(1))
+    assert "test_acc" not in tramer.train_runs(train, X, y, X[0], [1, 2, 3], {})
+    cols = tramer.accuracy_columns(out["test_acc"], "these")
+    assert (cols["test_acc_min"], cols["test_acc_max"], cols["test_acc_models"]) == (
+        right.mean(1).min(), right.mean(1).max(), 3)
+    with pytest.raises(ValueError, match="finite accuracies"):
+        tramer.accuracy_columns([0.5, np.nan], "these")
 
 
 # ---- audits of implementations --------------------------------------------------------------
@@ -275,7 +307,88 @@ def test_cli_audit_and_plot_end_to_end(user_module, monkeypatch, tmp_path):
     assert len(losses) == 2 * (60 + 30) and losses.seed.is_unique
     assert set(losses.seed[losses.split == "evaluation"]) == set(
         tramer.run_seeds(7, "evaluation", True, 60) + tramer.run_seeds(7, "evaluation", False, 60))
+    # every model's test accuracy: the models of two seeds re-trained here and scored by hand
+    fn = subjects.load_train_fn(f"{user_module}:train")
+    spec_ = {"n_classes": 2, "clip": 1.0, "sigma": sigma, "bug": True}
+    for seed in losses.seed[~losses.canary_in].iloc[[0, -1]]:
+        logits = fn(X, y, [int(seed)], spec_)(X)[0]  # the test split is X here (patched)
+        acc = float((logits.argmax(1) == y).double().mean())
+        assert losses.test_acc[losses.seed == seed].item() == pytest.approx(acc, abs=1e-12)
+    assert table.test_acc_mean.item() == pytest.approx(losses.test_acc.mean(), rel=1e-12)
+    assert table.test_acc_models.item() == len(losses) and meta["device"]["device"] == "cpu"
+
+    # re-audited from the losses: the same row; the histogram holds every evaluation run
+    res = tmp_path / "res"
+    again = ["tramer-reaudit", "--table", str(out), "--losses", str(res / "audit_losses.csv"),
+             "--out", str(res / "re.csv"), "--hist", str(res / "hist.csv")]
+    assert main(again) == 0
+    re_table, re_meta = read_table(res / "re.csv")
+    pd.testing.assert_frame_equal(re_table, table)
+    assert re_meta["audit"]["seed"] == 7 and re_meta["accuracy"] is None
+    hist, _ = read_table(res / "hist.csv")
+    assert hist.groupby("canary_in")["count"].sum().tolist() == [60, 60]
+    # accuracy from a re-training of some of the same runs (here: a copy of the first 50)
+    sub = losses.iloc[:50].assign(test_acc=0.5)
+    write_table(sub, res / "sub.csv", {"device": {"device": "cpu"}})
+    assert main(again + ["--accuracy", str(res / "sub.csv")]) == 0
+    re_table, re_meta = read_table(res / "re.csv")
+    assert re_table.test_acc_models.item() == 50 and re_table.test_acc_mean.item() == 0.5
+    # the copied runs' losses are the audited ones: KS distance 0 in the one group they fill
+    assert [(c["runs"], c["ks"], c["p"]) for c in re_meta["retrained_vs_audited"]] == [
+        (30, 0.0, 1.0), (20, 0.0, 1.0)]
+    shifted = tramer.compare_retrained(losses, sub.assign(loss=sub.loss + 1e9))
+    assert (shifted.ks == 1.0).all()  # every re-trained loss above every audited one
+    assert re_table.test_acc_source.item() == "re-trained on cpu with the same seeds"
+    write_table(sub.assign(seed=sub.seed + 1), res / "sub.csv", {})
+    assert main(again + ["--accuracy", str(res / "sub.csv")]) == 2  # not the same runs
+
     fig = tmp_path / "fig.pdf"
     assert main(["tramer-plot", "--table", str(out), "--losses",
                  str(tmp_path / "res" / "audit_losses.csv"), "--out", str(fig)]) == 0
     assert fig.stat().st_size > 0 and fig.with_suffix(".png").stat().st_size > 0
+    from_hist = tmp_path / "fig_hist.pdf"
+    assert main(["tramer-plot", "--table", str(out), "--hist", str(res / "hist.csv"),
+                 "--out", str(from_hist)]) == 0
+    assert from_hist.with_suffix(".png").read_bytes() == fig.with_suffix(".png").read_bytes()
+
+
+def test_report_caption_renders_as_snakemake_renders_it():
+    """Snakemake renders captions with trim_blocks and lstrip_blocks: each branch's last
+    sentence must still be apart from the text after the block."""
+    import jinja2
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "workflow/report/tramer.rst").read_text()
+    template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(text)
+    tramer_cfg = {"eps": 0.21, "delta": 1e-5, "canary": "checkerboard", "alpha": 1e-10,
+                  "user": {"train": "m:f", "eps": 1.0, "delta": 1e-6}}
+    for figure, first in (("tramer", "audited with a checkerboard canary.\n"),
+                          ("audit_user", "(eps, delta) = (1.0, 1e-06).\n")):
+        snake = type("S", (), {"wildcards": type("W", (), {"figure": figure}),
+                               "config": {"tramer": tramer_cfg}})
+        out = template.render(snakemake=snake)
+        assert first + "Histograms of the canary's loss" in out, out
+
+
+def test_reference_targets_draw_the_kept_tables_without_training(tmp_path):
+    """`tramer_reference` and `trials_needed_reference` read reference/ and only plot."""
+    import re
+    from pathlib import Path
+
+    from test_workflow import snakemake
+
+    out = snakemake("-n", "--directory", str(tmp_path), "tramer_reference",
+                    "trials_needed_reference")
+    assert out.returncode == 0, out.stderr
+    jobs = set(re.findall(r"^(?:local)?rule (\w+):", out.stdout, re.M))
+    assert jobs == {"tramer_reference_plot", "tramer_reference",
+                    "trials_needed_reference_plot", "trials_needed_reference"}
+    ref = Path(__file__).parents[1] / "reference"
+    assert f"{ref}/tramer_audit_hist.csv" in out.stdout
+    # the kept table is the GPU run's 100,000 runs per side, with the accuracy columns
+    table, meta = read_table(ref / "tramer_audit.csv")
+    assert table.runs.tolist() == [100_000, 100_000] and meta["audit"]["spec"]["runs"] == 100_000
+    assert table.verdict.tolist() == [tramer.VIOLATES, tramer.NO_VIOLATION]
+    for row in table.itertuples():  # its bounds are those of its counts
+        again = tramer.audit_counts(row.ct_pos, row.runs, row.ct_neg, row.runs, EPS, DELTA)
+        assert row.eps_lb == pytest.approx(again["eps_lb"], rel=1e-12)

@@ -78,20 +78,45 @@ def test_study_at_the_full_count_of_separated_sides_is_the_cell_row():
     pd.testing.assert_frame_equal(out, again)  # reproducible from the seed
 
 
-def test_summary_finds_the_first_n_reaching_the_fraction():
+def test_crossing_interpolates_in_log_n():
+    # 10 -> 1, 100 -> 3: the median 2 is reached halfway in log n, at sqrt(10 * 100)
+    assert tn.crossing([10, 100], [1.0, 3.0], 2.0) == (pytest.approx(math.sqrt(1000)), False)
+    assert tn.crossing([10, 100, 1000], [1.0, 3.0, 5.0], 3.0) == (pytest.approx(100), False)
+    assert tn.crossing([10, 100], [2.0, 3.0], 1.5) == (10.0, True)  # at most 10
+    n, first = tn.crossing([10, 100], [1.0, 3.0], 3.5)
+    assert math.isnan(n) and not first
+
+
+def _rows(values: dict, subs: int = 3) -> pd.DataFrame:
     rows = []
-    for n, values in {10: (0.0, 1.0), 20: (0.5, 2.0), 40: (0.95, 2.0), 80: (1.0, 2.0)}.items():
-        for sub in range(3):
+    for n, (cp, katz, bayes, gdp) in values.items():
+        for sub in range(subs):
             rows.append({**{k: CELL[k] for k in ("dataset", "arch", "clip", "init", "attack")},
                          "eps_label": "inf", "n_full": 80, "n": n, "subsample": sub,
-                         "eps_lb": values[0], "eps_lb_katz": values[1], "eps_lb_bayes": 0.0,
-                         "eps_lb_gdp": values[1] if sub else 100.0})
-    summ = tn.summary(pd.DataFrame(rows), 0.9).set_index("method")
-    assert summ.n_needed["eps_lb"] == 40 and summ.full["eps_lb"] == 1.0
-    assert summ.n_needed["eps_lb_katz"] == 20 and summ.n_needed["eps_lb_gdp"] == 20
-    assert math.isnan(summ.n_needed["eps_lb_bayes"])  # full value 0: nothing to reach
+                         "eps_lb": cp, "eps_lb_katz": katz, "eps_lb_bayes": bayes,
+                         "eps_lb_gdp": gdp if sub else 100.0})
+    return pd.DataFrame(rows)
+
+
+def test_summary_compares_every_method_with_the_certified_bounds_target():
+    table = _rows({10: (0.0, 1.0, 0.0, 0.5), 20: (0.5, 2.0, 0.1, 0.6),
+                   40: (0.95, 2.0, 0.2, 0.92), 80: (1.0, 2.0, 0.3, 1.0)})
+    summ = tn.summary(table, 0.9).set_index("method")
+    assert (summ.target == 0.9).all() and summ.full.to_dict() == {
+        "eps_lb": 1.0, "eps_lb_katz": 2.0, "eps_lb_bayes": 0.3, "eps_lb_gdp": 1.0}
+    # 0.5 at 20 and 0.95 at 40: 0.9 is reached at 20 * 2^(0.4 / 0.45) trials
+    assert summ.n_needed["eps_lb"] == pytest.approx(20 * 2 ** (0.4 / 0.45))
+    # the median ignores the outlying draw (100): 0.6 at 20, 0.92 at 40
+    assert summ.n_needed["eps_lb_gdp"] == pytest.approx(20 * 2 ** (0.3 / 0.32))
+    assert summ.n_needed["eps_lb_katz"] == 10 and summ.at_first["eps_lb_katz"]
+    assert math.isnan(summ.n_needed["eps_lb_bayes"])  # never reaches the common target
     md = tn.markdown(summ.reset_index(), 0.9, 0.01, 3)
-    assert "| 40 (1.00) | 20 (2.00) | - (0.00) | 20 (2.00) |" in md
+    assert "| 80 | 0.90 | 37 (1.00) | <= 10 (2.00) | not reached (0.30) | 38 (1.00) |" in md
+    # no certified bound at the full count: no target, nothing needed
+    zero = tn.summary(_rows({10: (0.0, 1.0, 0.0, 0.5), 80: (0.0, 2.0, 0.3, 1.0)}), 0.9)
+    assert zero.target.isna().all() and zero.n_needed.isna().all()
+    assert "| 80 | - | - (0.00) | - (2.00) | - (0.30) | - (1.00) |" in tn.markdown(
+        zero, 0.9, 0.01, 3)
 
 
 def test_cells_must_be_trained_by_the_grids():

@@ -77,3 +77,28 @@ rule audit_user:
     input:
         "results/audit_user.csv",
         "figures/audit_user_canary_losses.pdf",
+
+
+# The case study of a paper-scale GPU run (config `reference_dir`, reference/README.md),
+# drawn on any CPU without training or data: `snakemake --cores 1 tramer_reference`.
+# Its two tables come from `dpaudit tramer-reaudit` on that run's per-run losses.
+rule tramer_reference_plot:
+    input:
+        table=os.path.join(REFERENCE, "tramer_audit.csv"),
+        hist=os.path.join(REFERENCE, "tramer_audit_hist.csv"),
+    output:
+        pdf="figures/reference/tramer_canary_losses.pdf",
+        png="figures/reference/tramer_canary_losses.png",
+    localrule: True
+    log:
+        "logs/tramer_reference_plot.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit tramer-plot --table {input.table} --hist {input.hist} --out {output.pdf}"
+        " 2> {log}"
+
+
+rule tramer_reference:
+    input:
+        "figures/reference/tramer_canary_losses.pdf",

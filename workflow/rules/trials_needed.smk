@@ -56,3 +56,22 @@ rule trials_needed:
     input:
         "figures/trials_needed.pdf",
         "results/trials_needed.md",
+
+
+# The study of a paper-scale GPU run's score tables (config `reference_dir`,
+# reference/README.md), drawn on any CPU without training or data:
+# `snakemake --cores 1 trials_needed_reference`.
+use rule trials_needed_plot as trials_needed_reference_plot with:
+    input:
+        table=os.path.join(REFERENCE, "trials_needed.csv"),
+        summary=os.path.join(REFERENCE, "trials_needed_summary.csv"),
+    output:
+        pdf="figures/reference/trials_needed.pdf",
+        png="figures/reference/trials_needed.png",
+    log:
+        "logs/trials_needed_reference_plot.log",
+
+
+rule trials_needed_reference:
+    input:
+        "figures/reference/trials_needed.pdf",

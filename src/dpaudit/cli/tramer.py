@@ -1,10 +1,12 @@
-"""``dpaudit audit-impl`` and ``dpaudit tramer-plot``: audit a DP training implementation.
+"""``dpaudit audit-impl``, ``tramer-audit``, ``tramer-reaudit`` and ``tramer-plot``: audit a
+DP training implementation.
 
 ``audit-impl`` trains a training function (a registry subject, ``buggy`` or ``fixed``, or a
 user's ``module.path:function``; contract in :mod:`dpaudit.subjects`) many times on
 Fashion-MNIST with and without a canary and tests its claimed (eps, delta) as in Tramer
 et al. 2022; see ``docs/audit_your_implementation.md``.  Every input is
-checked before any training starts.
+checked before any training starts.  ``tramer-reaudit`` recomputes an audit table from its
+per-run losses (e.g. a GPU run's, on a CPU) and ``tramer-plot`` draws it.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     import torch
 
     from .. import canaries
+    from ..device import describe
     from ..experiments import tramer
     from ..data import load_fmnist
     from ..io import write_table
@@ -110,15 +113,21 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     if len(X) < n_train:
         raise SpecError(f"--n-train={n_train}: only {len(X)} examples of classes "
                         f"{plan['classes']} in the reference subset")
+    # Every model's accuracy on the whole test split of the same classes.
+    test = tuple(torch.as_tensor(a) for a in load_fmnist(root, classes=plan["classes"],
+                                                         train=False, download=download))
     canary = canaries.make_canary(canary_kind, X, y, plan["label"])
     rows, losses = [], []
     for target, fn, spec in plan["plans"]:
         row, loss = tramer.audit_implementation(
             fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"], plan["val_runs"], spec,
             seed, plan["alpha"], plan["batch_runs"],
-            progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr))
+            progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr),
+            test=test)
         print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
-              f"{row['eps_lb']:.3f} (claimed {plan['eps']:g}): {row['verdict']}", file=sys.stderr)
+              f"{row['eps_lb']:.3f} (claimed {plan['eps']:g}): {row['verdict']}; test "
+              f"accuracy {row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
+              f"{row['test_acc_max']:.3f})", file=sys.stderr)
         rows.append({"implementation": target, **row, "min_runs": plan["min_runs"],
                      "n_train": n_train})
         losses.append(loss.assign(implementation=target))
@@ -126,6 +135,9 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     table = table[COLUMNS + [c for c in table.columns if c not in COLUMNS]]
     loss_table = pd.concat(losses, ignore_index=True)
     loss_table = loss_table[["implementation"] + [c for c in loss_table if c != "implementation"]]
+    # The device dpaudit's trainer used (the registry subjects train there): with CUDA the
+    # same seeds draw other random streams than on the CPU.
+    provenance = {**provenance, "device": describe()}
     write_table(loss_table, losses_path or out.with_name(f"{out.stem}_losses.csv"), provenance)
     write_table(table, out, provenance)
 
@@ -165,10 +177,53 @@ def _tramer_audit(args) -> None:
          args.losses, provenance)
 
 
+def _reaudit(args) -> None:
+    import pandas as pd
+
+    from ..experiments import tramer
+    from ..io import read_table, write_table
+    from ..plots.tramer import loss_histogram
+
+    table, table_prov = read_table(args.table)
+    losses, losses_prov = read_table(args.losses)
+    accuracy, acc_prov, source = None, None, tramer.OWN_RUNS
+    if args.accuracy is not None:
+        accuracy, acc_prov = read_table(args.accuracy)
+        where = acc_prov.get("device", {}).get("device")
+        source = f"re-trained{f' on {where}' if where else ''} with the same seeds"
+    try:
+        new = tramer.reaudit(table, losses, accuracy, source)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from exc
+    for old, row in zip(table.to_dict("records"), new.to_dict("records")):
+        print(f"tramer-reaudit: {row['implementation']}: eps_LB {row['eps_lb']:.6g} (table "
+              f"{old['eps_lb']:.6g}), TPR {row['tpr']:.6g}, FPR {row['fpr']:.6g}: "
+              f"{row['verdict']}; test accuracy {row['test_acc_mean']:.3f} "
+              f"({row['test_acc_min']:.3f}-{row['test_acc_max']:.3f}) of "
+              f"{row['test_acc_models']} models, {source}", file=sys.stderr)
+    provenance = {"command": "tramer-reaudit", "table": str(args.table), "losses":
+                  str(args.losses), "accuracy": None if args.accuracy is None
+                  else str(args.accuracy), "audit": table_prov,
+                  "accuracy_audit": acc_prov, "seed": table_prov.get("seed")}
+    if accuracy is not None:  # are the re-trained models like the audited ones?
+        check = tramer.compare_retrained(losses, accuracy)
+        for row in check.itertuples():
+            print(f"tramer-reaudit: {row.implementation} {row.split} runs "
+                  f"{'with' if row.canary_in else 'without'} the canary: {row.runs} "
+                  f"re-trained, canary losses against the same runs' in the losses table: "
+                  f"KS {row.ks:.3f} (p = {row.p:.2g})",
+                  file=sys.stderr)
+        provenance["retrained_vs_audited"] = check.to_dict("records")
+    write_table(loss_histogram(losses), args.hist, {**provenance, "of": "evaluation runs"})
+    write_table(pd.DataFrame(new), args.out, provenance)
+
+
 def _plot(args) -> None:
     from ..plots.tramer import plot_canary_losses
 
-    plot_canary_losses(args.table, args.losses, args.out)
+    if (args.losses is None) == (args.hist is None):
+        raise SpecError("tramer-plot: give exactly one of --losses and --hist")
+    plot_canary_losses(args.table, args.out, losses=args.losses, hist=args.hist)
 
 
 def register(subparsers) -> None:
@@ -216,8 +271,27 @@ def register(subparsers) -> None:
     p.add_argument("--losses", type=Path, required=True, help="per-run canary losses CSV")
     p.set_defaults(func=_tramer_audit)
 
+    p = subparsers.add_parser(
+        "tramer-reaudit", help="an audit table recomputed from its per-run losses",
+        description="Recompute the audit table TABLE of tramer-audit or audit-impl from its "
+                    "per-run losses LOSSES (same threshold choice, counts and bounds), add the "
+                    "models' test accuracy (from LOSSES, or from ACCURACY: the losses table "
+                    "of a re-training of some of the same runs), and write the histogram of "
+                    "the evaluation losses that tramer-plot --hist draws.")
+    p.add_argument("--table", type=Path, required=True, help="audit table CSV")
+    p.add_argument("--losses", type=Path, required=True, help="its per-run losses CSV")
+    p.add_argument("--accuracy", type=Path, default=None,
+                   help="losses CSV with test_acc of a re-training of some of the same runs "
+                        "(same seed and config)")
+    p.add_argument("--out", type=Path, required=True, help="the recomputed audit table CSV")
+    p.add_argument("--hist", type=Path, required=True,
+                   help="histogram CSV of the evaluation losses (for tramer-plot --hist)")
+    p.set_defaults(func=_reaudit)
+
     p = subparsers.add_parser("tramer-plot", help="histograms of the canary loss with/without")
     p.add_argument("--table", type=Path, required=True, help="CSV from audit-impl")
-    p.add_argument("--losses", type=Path, required=True, help="losses CSV from audit-impl")
+    p.add_argument("--losses", type=Path, default=None, help="losses CSV from audit-impl")
+    p.add_argument("--hist", type=Path, default=None,
+                   help="instead of --losses: histogram CSV from tramer-reaudit")
     p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
     p.set_defaults(func=_plot)

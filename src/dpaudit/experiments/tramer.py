@@ -76,25 +76,51 @@ def run_seeds(seed: int, split: str, canary_in: bool, count: int) -> list[int]:
     return seeds.int_seeds(count, int(seed), f"tramer/{split}/{'in' if canary_in else 'out'}")
 
 
-def canary_log_probs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
-                     seeds: Sequence[int], spec: dict,
-                     insert_label: int | None = None) -> np.ndarray:
-    """Log-probabilities (runs, C) that ``len(seeds)`` models trained at once by
-    ``train_fn`` give the canary input ``x``; with ``insert_label`` the canary
-    (x, insert_label) is appended once to the training data.  NaN outputs (a diverged run)
-    become -inf log-probabilities, i.e. infinite loss: a fixed decision.
+def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
+               seeds: Sequence[int], spec: dict, insert_label: int | None = None,
+               test: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+    """Train ``len(seeds)`` models at once with ``train_fn`` (with ``insert_label``, the
+    canary (x, insert_label) appended once to the training data) and return
+    ``log_prob``, the log-probabilities (runs, C) they give the canary input ``x``, and,
+    with ``test = (X_test, y_test)``, ``test_acc``, each model's accuracy (runs,) on it.
+
+    NaN outputs (a diverged run) become -inf log-probabilities, i.e. infinite loss: a
+    fixed decision; a test prediction with a non-finite logit counts as wrong.
     """
     if insert_label is not None:
         X = torch.cat([X, x[None].to(X.dtype)])
         y = torch.cat([y, torch.tensor([insert_label], dtype=y.dtype)])
     predict = train_fn(X, y, list(seeds), spec)
-    with torch.no_grad():
-        logits = predict(x[None].to(X.dtype))
-    if logits.ndim != 3 or logits.shape[:2] != (len(seeds), 1):
-        raise ValueError(f"predict(x) returned shape {tuple(logits.shape)}; the contract is "
-                         f"(len(seeds)={len(seeds)}, len(x)=1, n_classes)")
-    lp = torch.log_softmax(logits[:, 0].to(torch.float64), dim=-1).cpu().numpy()
-    return np.nan_to_num(lp, nan=-np.inf)
+
+    def logits_of(rows: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            z = predict(rows.to(X.dtype))
+        if z.ndim != 3 or z.shape[:2] != (len(seeds), len(rows)):
+            raise ValueError(f"predict(x) returned shape {tuple(z.shape)}; the contract is "
+                             f"(len(seeds)={len(seeds)}, len(x)={len(rows)}, n_classes)")
+        return z
+
+    # The canary in a call of its own: its logits do not depend on the test set's size
+    # (a matmul's rounding does), so the losses stay those of an audit without it.
+    lp = torch.log_softmax(logits_of(x[None])[:, 0].to(torch.float64), dim=-1).cpu().numpy()
+    out = {"log_prob": np.nan_to_num(lp, nan=-np.inf)}
+    if test is not None:
+        z = logits_of(test[0])
+        right = (z.argmax(-1) == test[1].to(z.device)) & torch.isfinite(z).all(-1)
+        out["test_acc"] = right.to(torch.float64).mean(1).cpu().numpy()
+    return out
+
+
+def accuracy_columns(test_acc, source: str) -> dict:
+    """The audit row's test-accuracy columns from the per-model accuracies ``test_acc``:
+    mean, min and max, how many models, and ``source`` (which models they are)."""
+    acc = np.asarray(test_acc, float)
+    if acc.size == 0 or not np.isfinite(acc).all():
+        raise ValueError(f"test_acc: need finite accuracies of at least one model; got "
+                         f"{acc.size} values")
+    return {"test_acc_mean": float(acc.mean()), "test_acc_min": float(acc.min()),
+            "test_acc_max": float(acc.max()), "test_acc_models": int(acc.size),
+            "test_acc_source": source}
 
 
 # ---- statistics -----------------------------------------------------------------------
@@ -174,16 +200,42 @@ def min_runs(claimed_eps: float, delta: float, alpha: float = ALPHA) -> int:
     return hi
 
 
+#: The four groups of an implementation's runs, in the order of the losses table.
+GROUPS = (("validation", False), ("validation", True), ("evaluation", False),
+          ("evaluation", True))
+#: ``test_acc_source`` of an audit whose accuracies are those of its own runs.
+OWN_RUNS = "the audited runs"
+
+
+def audit_loss_table(losses: pd.DataFrame, claimed_eps: float, delta: float,
+                     alpha: float = ALPHA) -> dict:
+    """:func:`audit_losses` of one implementation's per-run losses (columns ``split``,
+    ``canary_in``, ``loss``: the layout :func:`audit_implementation` returns)."""
+    groups = {key: grp.loss.to_numpy(float)
+              for key, grp in losses.groupby(["split", "canary_in"])}
+    missing = [key for key in GROUPS if key not in groups]
+    if missing:
+        raise ValueError(f"losses: no runs of (split, canary_in) {missing}")
+    return audit_losses(groups[("validation", True)], groups[("validation", False)],
+                        groups[("evaluation", True)], groups[("evaluation", False)],
+                        claimed_eps, delta, alpha)
+
+
 def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Canary,
                          claimed_eps: float, delta: float, runs: int, val_runs: int,
                          spec: dict, seed: int, alpha: float = ALPHA, batch_runs: int = 1000,
-                         progress: Progress | None = None) -> tuple[dict, pd.DataFrame]:
+                         progress: Progress | None = None,
+                         test: tuple[torch.Tensor, torch.Tensor] | None = None
+                         ) -> tuple[dict, pd.DataFrame]:
     """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
 
     ``val_runs`` runs per side choose the canary label (if not given: least likely under
     the validation runs without it) and the threshold; ``runs`` further runs per side give
     the counts.  Returns the audit row (claim, runs, TPR, FPR, threshold, eps_LB, mu_LB,
-    verdict, ...) and the per-run losses (split, canary_in, run, seed, loss).
+    verdict, ...) and the per-run losses (split, canary_in, run, seed, loss).  With
+    ``test = (X_test, y_test)`` every model's accuracy on it is recorded too: ``test_acc``
+    in the losses, its mean, min and max over all runs in the row
+    (:func:`accuracy_columns`).
     """
     if runs < 1 or val_runs < 1:
         raise ValueError("runs and val_runs must be >= 1")
@@ -196,8 +248,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
 
     def train_score(side: Side, chunk: list[int]) -> dict:
         insert = label if side.columns["canary_in"] else None
-        return {"log_prob": list(canary_log_probs(train_fn, X, y, canary.x, chunk, spec,
-                                                  insert))}
+        return {k: list(v) for k, v in train_runs(train_fn, X, y, canary.x, chunk, spec,
+                                                  insert, test).items()}
 
     log = progress
     # Without the canary first: its validation runs choose the label (when not given).
@@ -210,20 +262,80 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                                       side("evaluation", True, runs)],
                                      train_score, batch_runs, log)], ignore_index=True)
     out["loss"] = [-lp[label] for lp in out.log_prob]
-    out = out.rename(columns={"trial": "run"})[["split", "canary_in", "run", "seed", "loss"]]
-    order = [("validation", False), ("validation", True), ("evaluation", False),
-             ("evaluation", True)]
+    keep = ["split", "canary_in", "run", "seed", "loss"] + (["test_acc"] if test is not None else [])
+    out = out.rename(columns={"trial": "run"})[keep]
     groups = dict(list(out.groupby(["split", "canary_in"])))
-    losses = pd.concat([groups[key] for key in order], ignore_index=True)
-    loss = {key: groups[key].loss.to_numpy() for key in order}
+    losses = pd.concat([groups[key] for key in GROUPS], ignore_index=True)
     row = {"claimed_eps": claimed_eps, "delta": delta, "runs": runs, "val_runs": val_runs,
            "alpha": alpha, "canary": canary.kind, "canary_label": label, "seed": seed,
-           **audit_losses(loss[("validation", True)], loss[("validation", False)],
-                          loss[("evaluation", True)], loss[("evaluation", False)],
-                          claimed_eps, delta, alpha)}
+           **audit_loss_table(losses, claimed_eps, delta, alpha)}
+    if test is not None:
+        row.update(accuracy_columns(losses.test_acc, OWN_RUNS))
     return row, losses
 
 
-__all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "SPEC_KEYS", "run_seeds", "canary_log_probs",
-           "mu_claimed", "audit_counts", "audit_losses", "max_eps_lb",
-           "min_runs", "audit_implementation"]
+def reaudit(table: pd.DataFrame, losses: pd.DataFrame, accuracy: pd.DataFrame | None = None,
+            source: str = OWN_RUNS) -> pd.DataFrame:
+    """The audit ``table`` (one row per implementation, as written by ``dpaudit
+    tramer-audit``) recomputed from its per-run ``losses``, with the test-accuracy columns
+    (:func:`accuracy_columns`) from the ``test_acc`` of ``accuracy`` (labelled ``source``)
+    or, without it, of ``losses``.
+
+    ``accuracy`` may hold fewer runs than ``losses`` (e.g. some of them re-trained), but
+    each of its runs must be one of ``losses`` (same implementation, split, side, run
+    number and seed); a ValueError says which is not.  Columns of ``table`` that the
+    losses do not determine (claim, canary, label, seed) are kept.
+    """
+    acc = losses if accuracy is None else accuracy
+    if "test_acc" not in acc:
+        raise ValueError("no test accuracy: neither the losses nor an accuracy table has a "
+                         "test_acc column (audits before test accuracy was recorded: pass "
+                         "the losses table of a re-training of some of the same runs)")
+    key = ["implementation", "split", "canary_in", "run", "seed"]
+    if accuracy is not None:
+        found = accuracy[key].merge(losses[key], how="left", indicator=True)
+        stray = found[found._merge != "both"]
+        if len(stray):
+            raise ValueError(f"accuracy: {len(stray)} runs are not runs of the losses table "
+                             f"(first: {stray.iloc[0][key].to_dict()}); re-train the same "
+                             "runs (same seed and config)")
+    rows = []
+    for row in table.to_dict("records"):
+        impl = row["implementation"]
+        mine = losses[losses.implementation == impl]
+        counts = mine.groupby(["split", "canary_in"]).size().to_dict()
+        want = {("validation", s): row["val_runs"] for s in (False, True)}
+        want.update({("evaluation", s): row["runs"] for s in (False, True)})
+        if counts != want:
+            raise ValueError(f"losses of {impl!r}: runs per (split, canary_in) {counts}, but "
+                             f"the table says {row['runs']} evaluation and {row['val_runs']} "
+                             "validation runs per side")
+        row.update(audit_loss_table(mine, row["claimed_eps"], row["delta"], row["alpha"]))
+        row.update(accuracy_columns(acc.test_acc[acc.implementation == impl], source))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def compare_retrained(losses: pd.DataFrame, retrained: pd.DataFrame) -> pd.DataFrame:
+    """How the canary losses of re-trained runs compare with those of the same runs (same
+    implementation, split, side, run and seed) in ``losses``: per group, the number of runs,
+    and the two-sample Kolmogorov-Smirnov statistic and p-value (scipy.stats.ks_2samp).
+    Where the random streams differ (e.g. a CPU re-training of a GPU run), the pairs differ
+    but the distributions should not."""
+    from scipy import stats
+
+    key = ["implementation", "split", "canary_in", "run", "seed"]
+    both = retrained[key + ["loss"]].merge(losses[key + ["loss"]], on=key,
+                                           suffixes=("_retrained", ""))
+    rows = []
+    for (impl, split, canary_in), grp in both.groupby(key[:3], sort=False):
+        ks = stats.ks_2samp(grp.loss_retrained, grp.loss)
+        rows.append({"implementation": impl, "split": split, "canary_in": canary_in,
+                     "runs": len(grp), "ks": float(ks.statistic), "p": float(ks.pvalue)})
+    return pd.DataFrame(rows)
+
+
+__all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "SPEC_KEYS", "GROUPS", "OWN_RUNS",
+           "run_seeds", "train_runs", "accuracy_columns", "mu_claimed", "audit_counts",
+           "audit_losses", "audit_loss_table", "max_eps_lb", "min_runs",
+           "audit_implementation", "reaudit", "compare_retrained"]

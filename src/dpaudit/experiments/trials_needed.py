@@ -8,8 +8,10 @@ is computed (:func:`dpaudit.experiments.jagielski.summarize_cell`: the first hal
 drawn trials choose the threshold, the second half evaluate it, every k at
 ``alpha / len(ks)``).  Methods (:data:`METHODS`): the certified Clopper-Pearson bound, the
 approximate Katz bound, the lower end of the Bayesian credible interval and the GDP
-estimate.  The summary reports, per cell and method, the median at the full count and the
-fewest trials per side whose median reaches ``fraction`` of it.
+estimate.  The summary compares the methods against one common target per cell,
+``fraction`` of the certified bound's median at the full count: the trials per side at
+which each method's median reaches it (interpolated between grid points), beside each
+method's own median at the full count.
 """
 
 from __future__ import annotations
@@ -94,45 +96,94 @@ def study(tables: list[tuple[pd.DataFrame, dict]], alpha: float, delta: float,
     return pd.DataFrame(rows)
 
 
+#: The method whose median at the full count sets the common target of every method: the
+#: certified bound, so that the study asks how many trials each method needs to reach
+#: what the certified bound reaches with all of them.
+TARGET_METHOD = "eps_lb"
+
+
+def crossing(ns, medians, target: float) -> tuple[float, bool]:
+    """Where a median curve first reaches ``target``: ``(n, at_first)``.
+
+    ``n`` is interpolated linearly in log n between the last grid point below ``target``
+    and the first at or above it (medians are on a coarse grid; the first grid point alone
+    would jump between neighbours as the draws change); ``at_first`` is True when the
+    curve already reaches ``target`` at the first grid point (then ``n`` is that point: at
+    most so many trials are needed); ``n`` is NaN when no grid point reaches it.
+    """
+    ns, med = np.asarray(ns, float), np.asarray(medians, float)
+    hit = np.flatnonzero(med >= target)
+    if not hit.size:
+        return math.nan, False
+    i = int(hit[0])
+    if i == 0:
+        return float(ns[0]), True
+    w = (target - med[i - 1]) / (med[i] - med[i - 1])
+    return float(np.exp(np.log(ns[i - 1]) + w * (np.log(ns[i]) - np.log(ns[i - 1])))), False
+
+
 def summary(table: pd.DataFrame, fraction: float) -> pd.DataFrame:
-    """Per cell and method: the median at the full count (``full``) and ``n_needed``, the
-    fewest trials per side of the grid whose median is at least ``fraction * full``
-    (NaN when ``full`` is 0: nothing to reach)."""
+    """Per cell and method: ``full``, the method's median at the full count; ``target``,
+    ``fraction`` times the certified bound's (:data:`TARGET_METHOD`) median at the full
+    count, the same for every method of the cell; and ``n_needed``, the trials per side at
+    which the method's median curve reaches ``target`` (:func:`crossing`: interpolated in
+    log n, NaN when it never does, ``at_first`` when it does at the grid's first point).
+    No target (NaN) when the certified bound's median at the full count is 0."""
     keys = ["dataset", "arch", "clip", "init", "attack", "eps_label"]
     med = table.groupby(keys + ["n"], sort=False)[list(METHODS)].median().reset_index()
     out = []
     for cell, grp in med.groupby(keys, sort=False):
         grp = grp.sort_values("n")
+        reference = float(grp[TARGET_METHOD].iloc[-1])
+        target = fraction * reference if reference > 0 else math.nan
         for method in METHODS:
-            full = float(grp[method].iloc[-1])
-            reached = grp.n[grp[method] >= fraction * full] if full > 0 else grp.n[:0]
+            n_needed, at_first = (crossing(grp.n, grp[method], target) if reference > 0
+                                  else (math.nan, False))
             out.append({**dict(zip(keys, cell)), "method": method,
-                        "n_full": int(grp.n.iloc[-1]), "full": full,
-                        "n_needed": int(reached.iloc[0]) if len(reached) else math.nan})
+                        "n_full": int(grp.n.iloc[-1]), "full": float(grp[method].iloc[-1]),
+                        "target": target, "n_needed": n_needed, "at_first": at_first})
     return pd.DataFrame(out)
 
 
 def markdown(summ: pd.DataFrame, fraction: float, alpha: float, subsamples: int) -> str:
-    """The summary as Markdown: one row per cell, per method "n_needed (full value)"."""
-    lines = [f"Trials per side each method needs for {fraction:.0%} of its value at the full "
-             f"count (median over {subsamples} random subsamples; half of the trials choose "
-             f"the threshold, half evaluate it; level {1 - alpha:.0%}, Bonferroni over k).", "",
+    """The summary as Markdown: one row per cell, the common target, per method "trials
+    needed (median at the full count)"."""
+    lines = [f"Trials per side each method needs to reach one common target, {fraction:.0%} "
+             f"of the certified Clopper-Pearson bound's median at the full count (median over "
+             f"{subsamples} random subsamples per n, interpolated in log n between grid "
+             f"points; half of the trials choose the threshold, half evaluate it; level "
+             f"{1 - alpha:.0%}, Bonferroni over k).", "",
              "- " + "; ".join(f"`{m}`: {what}" for m, what in METHODS.items()) + ".",
-             "- Each entry: trials needed (the median at the full count); '-' where the full "
-             "count's median is 0.", "",
-             "| cell | trials (full) | " + " | ".join(f"`{m}`" for m in METHODS) + " |",
-             "|---" * (2 + len(METHODS)) + "|"]
+             "- Each entry: trials needed (the method's own median at the full count); "
+             "'<= n' where the smallest n already reaches the target; 'not reached' where "
+             "the full count does not; '-' where the certified bound is 0 at the full count "
+             "(no target).",
+             "- Reaching the target with a method that is not a certified bound certifies "
+             "nothing: it says how far that method's number runs ahead of the certified one.",
+             "", "| cell | trials (full) | target | " + " | ".join(f"`{m}`" for m in METHODS)
+             + " |", "|---" * (3 + len(METHODS)) + "|"]
     keys = ["dataset", "arch", "clip", "init", "attack", "eps_label"]
     for cell, grp in summ.groupby(keys, sort=False):
         d = dict(zip(keys, cell))
         name = (f"{d['dataset']} {d['arch']} {d['attack']}, C = {float(d['clip']):g}, "
                 f"{d['init']} init, eps_th label {d['eps_label']}")
         by = grp.set_index("method")
-        cells = [("-" if math.isnan(by.n_needed[m]) else f"{int(by.n_needed[m])}")
-                 + f" ({by.full[m]:.2f})" for m in METHODS]
-        lines.append(f"| {name} | {int(grp.n_full.iloc[0])} | " + " | ".join(cells) + " |")
+        target = float(grp.target.iloc[0])
+        cells = []
+        for m in METHODS:
+            n, full = by.n_needed[m], by.full[m]
+            if math.isnan(target):
+                text = "-"
+            elif math.isnan(n):
+                text = "not reached"
+            else:
+                text = f"<= {int(n)}" if by.at_first[m] else f"{int(round(n))}"
+            cells.append(f"{text} ({full:.2f})")
+        target_text = "-" if math.isnan(target) else f"{target:.2f}"
+        lines.append(f"| {name} | {int(grp.n_full.iloc[0])} | {target_text} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["METHODS", "cells", "n_grid", "subsample", "study", "summary",
-           "markdown"]
+__all__ = ["METHODS", "TARGET_METHOD", "cells", "n_grid", "subsample", "study", "crossing",
+           "summary", "markdown"]

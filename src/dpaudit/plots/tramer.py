@@ -5,34 +5,68 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pandas as pd
 
 from ..io import read_table
 from .style import COLORS, figure, save
 
 #: Losses below this are drawn in the first bin (log axis; a memorized canary has loss ~0).
 FLOOR = 1e-4
+#: Bins of the histograms, geometric from FLOOR to the largest finite loss.
+BINS = 59
 SIDES = ((True, "with canary", COLORS["backdoor"]), (False, "without canary", COLORS["theory"]))
 
 
-def plot_canary_losses(table: str | os.PathLike, losses: str | os.PathLike,
-                       out: str | os.PathLike) -> None:
-    """Histograms of the canary loss on the evaluation runs, for models trained with and
-    without the canary, side by side per implementation (the audit table's order), with
-    the threshold chosen on the validation runs (the attack says "in" at or below it)."""
-    audit, _ = read_table(table)
-    runs, _ = read_table(losses)
-    runs = runs[runs.split == "evaluation"]
-    fig, axes = figure(1, len(audit), squeeze=False, sharey=True)
+def loss_histogram(losses: pd.DataFrame) -> pd.DataFrame:
+    """Counts of the evaluation runs' canary losses per implementation and side, in
+    :data:`BINS` geometric bins from :data:`FLOOR` to the largest finite loss of all
+    implementations (one set of bins, so the panels compare): columns ``implementation``,
+    ``canary_in``, ``lo``, ``hi``, ``count``.  Losses below FLOOR count in the first bin,
+    losses above the last edge (infinite: diverged runs) in the last."""
+    runs = losses[losses.split == "evaluation"]
     clipped = np.maximum(runs.loss.to_numpy(dtype=float), FLOOR)
     finite = clipped[np.isfinite(clipped)]
-    bins = np.geomspace(FLOOR, max(finite.max(), 10 * FLOOR), 60)
+    edges = np.geomspace(FLOOR, max(finite.max(initial=0), 10 * FLOOR), BINS + 1)
+    parts = []
+    for (impl, canary_in), grp in runs.groupby(["implementation", "canary_in"], sort=False):
+        loss = np.clip(grp.loss.to_numpy(float), FLOOR, edges[-1])
+        count, _ = np.histogram(loss, bins=edges)
+        parts.append(pd.DataFrame({"implementation": impl, "canary_in": canary_in,
+                                   "lo": edges[:-1], "hi": edges[1:], "count": count}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def accuracy_line(row) -> str:
+    """The title line of the models' test accuracy (empty for tables without it)."""
+    if not hasattr(row, "test_acc_mean") or pd.isna(row.test_acc_mean):
+        return ""
+    return (f"\ntest accuracy {row.test_acc_mean:.2f} ({row.test_acc_min:.2f}-"
+            f"{row.test_acc_max:.2f}) of {int(row.test_acc_models):,} models,\n"
+            f"{row.test_acc_source}")
+
+
+def plot_canary_losses(table: str | os.PathLike, out: str | os.PathLike, *,
+                       losses: str | os.PathLike | None = None,
+                       hist: str | os.PathLike | None = None) -> None:
+    """Histograms of the canary loss on the evaluation runs, for models trained with and
+    without the canary, side by side per implementation (the audit table's order), with
+    the threshold chosen on the validation runs (the attack says "in" at or below it) and
+    the models' test accuracy in each title.  From the per-run ``losses`` table or from
+    its :func:`loss_histogram` table ``hist`` (exactly one)."""
+    if (losses is None) == (hist is None):
+        raise ValueError("plot_canary_losses: give exactly one of losses and hist")
+    audit, _ = read_table(table)
+    counts = loss_histogram(read_table(losses)[0]) if hist is None else read_table(hist)[0]
+    edges = np.append(np.sort(counts.lo.unique()), counts.hi.max())
+    fig, axes = figure(1, len(audit), squeeze=False, sharey=True)
     for ax, row in zip(axes[0], audit.itertuples()):
-        mine = runs[runs.implementation == row.implementation]
+        mine = counts[counts.implementation == row.implementation]
         for canary_in, label, color in SIDES:
-            loss = np.clip(mine.loss[mine.canary_in == canary_in].to_numpy(float), FLOOR, bins[-1])
+            side = mine[mine.canary_in == canary_in].sort_values("lo")
             rate = row.tpr if canary_in else row.fpr
-            ax.hist(loss, bins=bins, histtype="stepfilled", alpha=0.35, color=color)
-            ax.hist(loss, bins=bins, histtype="step", color=color,
+            ax.hist(side.lo, bins=edges, weights=side["count"], histtype="stepfilled",
+                    alpha=0.35, color=color)
+            ax.hist(side.lo, bins=edges, weights=side["count"], histtype="step", color=color,
                     label=f"{label} ({'TPR' if canary_in else 'FPR'} {rate:.3g})")
         if np.isfinite(row.threshold):
             ax.axvline(max(row.threshold, FLOOR), color=COLORS["analytic"], ls="--", lw=1.2,
@@ -43,9 +77,9 @@ def plot_canary_losses(table: str | os.PathLike, losses: str | os.PathLike,
         ax.set_title(f"{row.implementation}\nclaimed ($\\varepsilon$, $\\delta$) = "
                      f"({row.claimed_eps:g}, {row.delta:g}); at confidence 1 - {row.alpha:g}:\n"
                      f"$\\varepsilon_{{LB}}$ = {row.eps_lb:.3g}, $\\mu_{{LB}}$ = "
-                     f"{row.mu_lb:.3g}: {row.verdict}", fontsize=8,
+                     f"{row.mu_lb:.3g}: {row.verdict}{accuracy_line(row)}", fontsize=8,
                      color=COLORS.get(row.implementation, COLORS["theory"]))
         ax.legend(loc="upper center", fontsize=7)
     axes[0][0].set_ylim(top=axes[0][0].get_ylim()[1] * 30)  # room for the legends (shared y)
-    axes[0][0].set_ylabel(f"evaluation runs ({int(audit.runs.iloc[0])} per side)")
+    axes[0][0].set_ylabel(f"evaluation runs ({int(audit.runs.iloc[0]):,} per side)")
     save(fig, out)

@@ -16,13 +16,16 @@ from .style import figure, save
 #: Line style per method: the certified bound solid, the others dashed or dotted.
 STYLES = {"eps_lb": ("#1f77b4", "-", "o"), "eps_lb_katz": ("#ff7f0e", "--", "v"),
           "eps_lb_bayes": ("#2ca02c", "--", "s"), "eps_lb_gdp": ("#7f7f7f", ":", "x")}
+#: Methods the panels are not scaled to (they may leave the panel at the top).
+UNSCALED = ["eps_lb_gdp"]
 
 
 def plot_trials_needed(table: str | os.PathLike, summary: str | os.PathLike,
                        out: str | os.PathLike) -> None:
     """One panel per cell: the median over subsamples of each method's value against the
-    trials per side (log axis), the 25-75% range shaded, and a tick on the x axis at the
-    trials each method needs for the summary's fraction of its full-count value."""
+    trials per side (log axis), the 25-75% range shaded, the common target (the summary's
+    fraction of the certified bound's full-count median) as a horizontal line, and a
+    vertical line where each method's median reaches it."""
     df, meta = read_table(table)
     summ, _ = read_table(summary)
     fraction = meta["spec"]["fraction"]
@@ -35,15 +38,34 @@ def plot_trials_needed(table: str | os.PathLike, summary: str | os.PathLike,
         stats = grp.groupby("n")[list(METHODS)]
         med, lo, hi = stats.median(), stats.quantile(0.25), stats.quantile(0.75)
         needed = summ[np.all([summ[k] == d[k] for k in keys], axis=0)].set_index("method")
+        target = float(needed.target.iloc[0])
+        # The GDP estimate can run far above the bounds (not a bound itself): the panel is
+        # scaled to the others and the target, and its label says where it leaves.
+        top = 1.15 * max(float(hi.drop(columns=UNSCALED).max().max()),
+                         0 if math.isnan(target) else target, 0.1)
         for method, what in METHODS.items():
             color, ls, marker = STYLES[method]
             n_need = needed.n_needed.get(method, math.nan)
-            tag = "" if math.isnan(n_need) else f"; {fraction:.0%} of full at n = {int(n_need)}"
+            if math.isnan(target):
+                tag = ""
+            elif math.isnan(n_need):
+                tag = "; target not reached"
+            else:
+                tag = f"; target at n {'<=' if needed.at_first[method] else '='} {n_need:.0f}"
+            if med[method].max() > top:
+                tag += f"; leaves the panel ({med[method].iloc[-1]:.1f} at {med.index[-1]})"
             ax.plot(med.index, med[method], color=color, ls=ls, marker=marker,
                     label=f"{what}{tag}")
             ax.fill_between(med.index, lo[method], hi[method], color=color, alpha=0.12, lw=0)
             if not math.isnan(n_need):
                 ax.axvline(n_need, color=color, ls=ls, lw=0.8, alpha=0.5)
+        if math.isnan(target):
+            ax.text(0.5, 0.5, "certified bound 0 at the full count: no target",
+                    transform=ax.transAxes, ha="center", fontsize=8)
+        else:
+            ax.axhline(target, color="black", lw=0.8, ls="-.",
+                       label=f"target: {fraction:.0%} of the certified bound at "
+                             f"n = {med.index[-1]} ({target:.2f})")
         ax.set_xscale("log")
         ax.set_xticks(med.index, [str(n) for n in med.index])
         ax.minorticks_off()
@@ -53,9 +75,9 @@ def plot_trials_needed(table: str | os.PathLike, summary: str | os.PathLike,
                      f"{d['init']} init, eps_th label {eps_label(d['eps_label'])}", fontsize=9)
         ax.set(xlabel="trials per side (half choose the threshold, half evaluate it)",
                ylabel=f"eps: median over {grp.subsample.nunique()} subsamples")
-        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 0.1))
-        ax.legend(loc="upper left", fontsize=6)
+        ax.set_ylim(bottom=0, top=top)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7)
     fig.suptitle(f"Trials needed: level {1 - alpha:.0%} (Bonferroni over k); shaded: 25-75% "
-                 "of the subsamples; vertical lines: 90% of the full-count median"
-                 .replace("90%", f"{fraction:.0%}"), fontsize=9, y=1.04)
+                 f"of the subsamples; vertical lines: where each median reaches the common "
+                 f"target", fontsize=9, y=1.04)
     save(fig, out)
