@@ -23,13 +23,14 @@ def snakemake_env(env: dict, *args):
                            *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=env)
 
-GPU_RULES = ("jagielski_task", "jagielski_train", "tramer_audit", "onerun_audit")
+GPU_RULES = ("jagielski_task", "jagielski_train", "tramer_audit", "onerun_audit",
+             "abadi_features", "abadi_train")
 # Aggregation and plotting: run on the submitting host, never as cluster jobs.
 LOCAL_RULES = ("data", "jagielski_fig2_table", "jagielski_table2_table",
                "jagielski_table2_html", "jagielski_plot", "onerun_many_model", "onerun_plot",
                "tramer_plot", "hw3_plot", "ridge_plot", "accounting_abadi_plot",
                "accounting_composition_plot", "trials_needed_table", "trials_needed_plot",
-               "jagielski_reference_md")
+               "jagielski_reference_md", "abadi_table", "abadi_plot")
 
 
 def _jobs(dry_run: str) -> list[tuple[str, str, str]]:

@@ -20,7 +20,7 @@ from dpaudit.io import read_table
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ["hw3_eps_vs_eps", "hw3_eps_vs_m", "hw3_eps_vs_d", "abadi_fig2", "composition",
            "ridge_audit", "jagielski_fig2", "jagielski_table2", "trials_needed",
-           "tramer_canary_losses"]
+           "tramer_canary_losses", "abadi_fig3", "abadi_fig6"]
 
 
 def snakemake(*args, cwd=ROOT, timeout=900):
@@ -138,7 +138,8 @@ def test_slurm_profile_resources_name_real_rules_and_gpu_rules_ask_for_gpus():
     assert "gpu" not in str(default)
 
 
-TRAINING_RULES = ("jagielski_task", "jagielski_train", "tramer_audit", "onerun_audit")
+TRAINING_RULES = ("jagielski_task", "jagielski_train", "tramer_audit", "onerun_audit",
+                  "abadi_features", "abadi_train")
 
 
 def test_training_rules_carry_a_gpu_resource_and_run_as_cpu_jobs_without_gpus(tmp_path):
