@@ -99,6 +99,12 @@ def _table(args) -> None:
                                                        "epochs", "model_seed")}
     table = pd.concat(frames, ignore_index=True)
     write_table(table, args.out, {"command": "abadi-table", "levels": sources})
+    from ..experiments.abadi import summary
+
+    last = summary(table)[["figure", "dataset", "level", "epoch", "train_acc", "test_acc",
+                           "eps", "paper_test_acc"]]
+    print(f"dpaudit abadi-table: last epoch of every level\n{last.to_string(index=False)}",
+          file=sys.stderr)
 
 
 def _plot(args) -> None:

@@ -348,7 +348,7 @@ def _rows(curve: pd.DataFrame, figure: str, dataset: str, level: dict, lot: int,
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:
     """The last epoch of every (figure, level), beside the paper's test accuracy."""
-    last = table.sort_values("epoch").groupby(["figure", "level"], sort=False).tail(1)
+    last = table.loc[table.groupby(["figure", "level"], sort=False).epoch.idxmax()]
     paper = [PAPER.get(f, {}).get(lv, {}).get("test_acc", math.nan)
              for f, lv in zip(last.figure, last.level)]
     return last.assign(paper_test_acc=paper).reset_index(drop=True)
