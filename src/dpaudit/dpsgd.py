@@ -15,7 +15,7 @@ example: clipped sum plus noise, divided by the number of microbatches).
 
 Efficiency. The K models share one tensor layout with a leading model dimension, so every
 step is a handful of batched matmuls (``torch.bmm``). The forward and backward passes of the
-two dense architectures are written out by hand. For a dense layer z = a W + b the
+dense architectures are written out by hand. For a dense layer z = a W + b the
 per-example gradient is the outer product (a_i; 1) g_i^T with g_i = d loss_i / d z_i, so
 its squared Frobenius norm is (||a_i||^2 + 1) ||g_i||^2 (Goodfellow 2015, "Efficient
 per-example gradient computations"); summing this over layers gives ||grad_i||^2 without

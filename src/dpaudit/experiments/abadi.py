@@ -44,6 +44,7 @@ import pandas as pd
 import torch
 
 from .. import accounting, dpsgd, seeds
+from ..config import SpecError
 from ..device import resolve
 
 FIGURES = ("fig3", "fig6")
@@ -113,14 +114,15 @@ def eps_by_epoch(cfg: dpsgd.DPSGDConfig, n: int, delta: float, method: str,
 def epochs_for_eps(target: float | None, sigma: float, n: int, lot_size: int,
                    max_epochs: int, delta: float, method: str, gaussians=()) -> int:
     """The most whole epochs, at most ``max_epochs``, whose epsilon stays <= ``target``
-    (None: ``max_epochs``). Raises ValueError when even one epoch passes the target."""
+    (None: ``max_epochs``). Raises :class:`SpecError` (a config problem) when even one
+    epoch passes the target."""
     if target is None:
         return max_epochs
     cfg = dpsgd.DPSGDConfig(max_epochs, lot_size, 1.0, 1.0, sigma, "poisson")
     curve = eps_by_epoch(cfg, n, delta, method, gaussians)
     within = np.flatnonzero(curve[1:] <= target)
     if within.size == 0 or within[0] != 0:
-        raise ValueError(f"eps target {target}: already {curve[1]:.3g} after one epoch "
+        raise SpecError(f"eps target {target}: already {curve[1]:.3g} after one epoch "
                          f"(sigma={sigma}, lot size {lot_size}, n={n}"
                          f"{', PCA noise ' + str(list(gaussians)) if gaussians else ''})")
     return int(within[-1] + 1)  # eps grows with the epochs: the last one within
@@ -248,8 +250,12 @@ def fig6_features(spec: dict, data_spec: dict, seed: int, device=None,
     except DataNotFound:
         # Only what is used is decoded: the public and private images, when both are given.
         total = want + spec["private_images"] if spec["private_images"] else None
-        train = data.load_cifar10(root, True, None, dl, tarball, sample=total,
-                                  sample_seed=seed)
+        try:
+            train = data.load_cifar10(root, True, None, dl, tarball, sample=total,
+                                      sample_seed=seed)
+        except ValueError as err:
+            raise SpecError(f"abadi.fig6.public_images + private_images = {total}: more "
+                             f"than the CIFAR-10 training images ({err})") from err
         pub_idx, priv_idx = public_split(len(train.labels), want, seed)
         public, public_y = train.images[pub_idx], train.labels[pub_idx]
         private, y = train.images[priv_idx], train.labels[priv_idx]
