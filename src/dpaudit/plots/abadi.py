@@ -82,7 +82,7 @@ def plot_abadi(table: str | os.PathLike, fig_name: str, out: str | os.PathLike) 
     axes[0].set_ylabel("accuracy")
     first = df.iloc[0]
     data = DATASET_NAMES.get(first.dataset, first.dataset)
-    extra = f"; {_pretrained(first.pretrained_on)}" if fig_name == "fig6" else ""
+    extra = f"\n{_pretrained(first.pretrained_on)}" if fig_name == "fig6" else ""
     fig.suptitle(f"{_TITLES[fig_name]}: {data}, n = {first.n_train:,}{extra}", fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
     handles += twin.get_legend_handles_labels()[0]
