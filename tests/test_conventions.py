@@ -136,6 +136,12 @@ def _tiny_config(tmp_path: Path) -> dict:
                          canaries=["dirac"], init=1.0)
     cfg["tramer"].update(runs=40, val_runs=10, batch_runs=40, n_train=40)
     cfg["tramer"]["model"].update(epochs=2, batch_size=20)
+    cfg["abadi"]["fig3"].update(n_train=100, n_test=0, pca_dims=8, hidden=8, lot_size=20,
+                                max_epochs=1)
+    cfg["abadi"]["fig6"].update(public_images=60, private_images=80, test_images=40,
+                                hidden=[8], max_epochs=1,
+                                levels=[{"name": n, "lot_size": 20, "eps": e}
+                                        for n, e in (("eps2", 2.0), ("eps8", 8.0))])
     return cfg
 
 
@@ -154,7 +160,7 @@ def test_report_holds_every_figure_with_its_caption(tmp_path):
         names = zf.namelist()
         index = next(zf.read(n).decode() for n in names if n.endswith("report.html"))
     figures = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
-    assert len(figures) == 11
+    assert len(figures) == 13
     for name in figures + ["jagielski_table2.html"]:
         assert any(n.endswith("/" + name) for n in names), name
     assert "<table" in (tmp_path / "results/jagielski_table2.html").read_text()

@@ -31,13 +31,15 @@ NO_PLUGIN = 'the SLURM executor plugin is not installed (pip install -e ".[slurm
 PROFILES = ("slurm", "slurm-cpu")
 # Jobs that train on a GPU where the run has GPUs; FMNIST's task only reads data and the
 # one-run audit is no faster on a GPU, so they are CPU jobs.
-GPU_RULES = ("jagielski_task", "jagielski_train", "tramer_audit")
+GPU_RULES = ("jagielski_task", "jagielski_train", "tramer_audit", "abadi_features",
+             "abadi_train")
 # Aggregation and plotting: run on the submitting host, never as cluster jobs.
 LOCAL_RULES = ("data", "jagielski_fig2_table", "jagielski_table2_table",
                "jagielski_table2_html", "jagielski_plot", "onerun_many_model", "onerun_plot",
                "tramer_plot", "hw3_plot", "ridge_plot", "accounting_abadi_plot",
                "accounting_composition_plot", "trials_needed_table", "trials_needed_plot",
-               "jagielski_reference_md", "tramer_reference_plot")
+               "jagielski_reference_md", "tramer_reference_plot", "abadi_table",
+               "abadi_plot")
 # Seconds each job (named by its first output) took in the paper-scale run on the H100
 # machine (docs/scale.md, "Job sizes": the snakemake logs of that run) and in the quick
 # run on 2 CPU cores.

@@ -21,7 +21,7 @@ from dpaudit.io import read_table
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ["hw3_eps_vs_eps", "hw3_eps_vs_m", "hw3_eps_vs_d", "abadi_fig2", "composition",
            "ridge_audit", "jagielski_fig2", "jagielski_table2", "trials_needed",
-           "tramer_canary_losses"]
+           "tramer_canary_losses", "abadi_fig3", "abadi_fig6"]
 
 
 def snakemake(*args, cwd=ROOT, timeout=900):

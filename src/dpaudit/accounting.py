@@ -47,6 +47,7 @@ __all__ = [
     "COMPOSITION_FORMS",
     "STRONG_VARIANTS",
     "epsilon",
+    "epsilon_curve",
     "epsilon_replace_one",
     "dpsgd_epsilons",
     "noise_multiplier",
@@ -135,6 +136,68 @@ def epsilon(sigma: float, sample_rate: float, steps: int, delta: float,
     rdp = rdp_privacy_accountant.RdpAccountant(CLASSIC_ORDERS).compose(event).rdp
     # Orders where dp_accounting's series fails to converge come back as inf: skipped by min.
     return float(max(0.0, np.min(rdp + math.log(1 / delta) / (orders - 1))))
+
+
+def epsilon_curve(sigma: float, sample_rate: float, steps, delta: float,
+                  method: str = "rdp_classic", gaussians=()) -> np.ndarray:
+    """Epsilon at ``delta`` after each step count in ``steps`` (an array) of DP-SGD run
+    after Gaussian mechanisms of L2 sensitivity 1 and noise multipliers ``gaussians``
+    (e.g. Abadi et al.'s differentially private PCA), all composed, add/remove neighbours.
+
+    Same ``method`` s as :func:`epsilon`. RDP composes additively, so the RDP methods
+    compute the per-step and the Gaussians' RDP once and each point is ``T r_step(a) +
+    r_gauss(a)`` converted as in :func:`epsilon`: a whole training curve costs one
+    evaluation. ``pld`` composes the events for every point (exact composition, slow for
+    long curves); ``gdp`` adds ``1/sigma_i^2`` to the CLT's ``mu^2`` (the Gaussians are
+    exactly ``1/sigma_i``-GDP). ``steps = 0`` is the Gaussians alone.
+    """
+    _check_method(method)
+    steps = np.asarray(steps)
+    gaussians = [float(g) for g in gaussians]
+    for t in steps.reshape(-1):
+        _check_sgd(sigma, sample_rate, t, delta)
+    if not all(g > 0 for g in gaussians):
+        raise ValueError(f"gaussians={gaussians!r}: noise multipliers must be > 0")
+    if sigma == 0:
+        return np.where(steps > 0, math.inf, epsilon_curve(1.0, sample_rate, 0 * steps, delta,
+                                                           method, gaussians))
+    if method == "gdp":
+        with np.errstate(over="ignore"):
+            mu2 = sample_rate ** 2 * steps * float(np.expm1(1.0 / sigma ** 2))
+        mu2 = mu2 + sum(g ** -2 for g in gaussians)
+        return np.array([eps_from_mu(math.sqrt(m), delta) if m > 0 else 0.0
+                         for m in np.reshape(mu2, -1)]).reshape(steps.shape)
+    if method == "pld":
+        def one(t):
+            events = [dp_accounting.GaussianDpEvent(g) for g in gaussians]
+            events += [_dp_sgd_event(sigma, sample_rate, t)] if t else []
+            if not events:
+                return 0.0
+            acc = pld_privacy_accountant.PLDAccountant(
+                value_discretization_interval=PLD_DISCRETIZATION)
+            return float(acc.compose(dp_accounting.ComposedDpEvent(events)).get_epsilon(delta))
+        return np.array([one(int(t)) for t in steps.reshape(-1)]).reshape(steps.shape)
+    orders = list(CLASSIC_ORDERS if method == "rdp_classic"
+                  else rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+
+    def rdp_of(event):
+        return rdp_privacy_accountant.RdpAccountant(orders).compose(event).rdp
+
+    per_step = rdp_of(_dp_sgd_event(sigma, sample_rate, 1))
+    fixed = sum((rdp_of(dp_accounting.GaussianDpEvent(g)) for g in gaussians),
+                np.zeros(len(orders)))
+    orders = np.asarray(orders, dtype=float)
+    out = []
+    for t in steps.reshape(-1):
+        rdp = int(t) * per_step + fixed if t else fixed
+        if not rdp.any():
+            out.append(0.0)
+        elif method == "rdp":
+            out.append(float(rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[0]))
+        else:
+            with np.errstate(invalid="ignore"):  # inf * 0 at orders whose series diverged
+                out.append(float(max(0.0, np.nanmin(rdp + math.log(1 / delta) / (orders - 1)))))
+    return np.array(out).reshape(steps.shape)
 
 
 def epsilon_replace_one(sigma: float, sample_rate: float, steps: int, delta: float) -> float:

@@ -1,4 +1,5 @@
-"""Data sets of the DP-SGD audits (Jagielski et al. 2020): Fashion-MNIST, CIFAR.
+"""Data sets of the DP-SGD audits (Jagielski et al. 2020) and of Abadi et al. 2016's
+training curves: Fashion-MNIST, MNIST, CIFAR.
 
 Every loader goes through torchvision's own readers, so a copy torchvision downloads
 (``download=True``, needs internet) and a local copy are read by the same code:
@@ -7,6 +8,10 @@ Every loader goes through torchvision's own readers, so a copy torchvision downl
   copies there are decompressed), else
   Debian's ``dataset-fashion-mnist`` package (``/usr/share/datasets/fashion-mnist/*.gz``,
   decompressed once into ``ROOT/FashionMNIST/raw/``), else a torchvision download.
+- MNIST: ``ROOT/MNIST/raw/*-idx?-ubyte`` (torchvision's layout; ``.gz`` copies there are
+  decompressed), else a torchvision download. No package registry ships it whole (Debian
+  has none; the PyPI "mnist" loaders download it), so offline, copy the four IDX files
+  there.
 - CIFAR-10: ``ROOT/cifar-10-batches-py/`` (torchvision's pickle batches, md5-checked by
   torchvision), else an ImageFolder tree ``ROOT/train/<class>/*``, ``ROOT/test/<class>/*``
   (the layout of ``shared/data/cifar10-jpeg.tar.gz``; :func:`ensure_extracted` unpacks it),
@@ -220,9 +225,20 @@ def _torchvision_cifar(cls, root: Path, train: bool, download: bool):
         return None, None
 
 
-def _imagefolder(split_dir: Path, classes: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
+def _sampled(n: int, sample: int | None, seed: int) -> np.ndarray:
+    """Positions ``0..n-1``, or a seeded random ``sample`` of them in random order."""
+    if sample is None:
+        return np.arange(n)
+    if not 1 <= sample <= n:
+        raise ValueError(f"sample={sample}: must be in [1, {n}] (the images available)")
+    return np.random.default_rng(seed).permutation(n)[:sample]
+
+
+def _imagefolder(split_dir: Path, classes: Sequence[int] | None, sample: int | None = None,
+                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Decode an ImageFolder split whose folder names are CIFAR-10 class names; labels are
-    canonical CIFAR-10 indices.  Only images of ``classes`` (all if None) are decoded."""
+    canonical CIFAR-10 indices.  Only images of ``classes`` (all if None), or a seeded
+    random ``sample`` of them (:func:`_sampled`), are decoded."""
     folder = _datasets().ImageFolder(split_dir)  # loader: PIL, converted to RGB
     unknown = set(folder.classes) - set(CIFAR10_CLASSES)
     if unknown:
@@ -230,6 +246,7 @@ def _imagefolder(split_dir: Path, classes: Sequence[int] | None) -> tuple[np.nda
     to_canonical = np.array([CIFAR10_CLASSES.index(c) for c in folder.classes])
     labels = to_canonical[np.array(folder.targets, dtype=np.int64)]
     keep = np.arange(len(labels)) if classes is None else np.flatnonzero(np.isin(labels, classes))
+    keep = keep[_sampled(len(keep), sample, seed)]
     images = np.stack([np.asarray(folder.loader(folder.samples[i][0])).transpose(2, 0, 1)
                        for i in keep]) if len(keep) else np.empty((0, 3, 32, 32), np.uint8)
     return images, labels[keep]
@@ -237,19 +254,27 @@ def _imagefolder(split_dir: Path, classes: Sequence[int] | None) -> tuple[np.nda
 
 def load_cifar10(root: str | os.PathLike | None = None, train: bool = True,
                  classes: Sequence[int] | None = None, download: bool = False,
-                 tarball: str | os.PathLike | None = None) -> ImageData:
+                 tarball: str | os.PathLike | None = None, *, sample: int | None = None,
+                 sample_seed: int = 0) -> ImageData:
     """CIFAR-10 images ``(n, 3, 32, 32)`` uint8 (scale by 1/255 for [0, 1]) and labels.
 
     ``classes`` (canonical CIFAR-10 indices, :data:`CIFAR10_CLASSES`) keeps those classes,
     relabelled ``0..len(classes)-1`` in the given order; ``None`` keeps all ten unchanged.
     ``source`` is ``"torchvision"`` for the pickle batches and ``"imagefolder:<dir>"`` for
-    the JPEG tree (a lossy re-encoding: results made from it must say so).
+    the JPEG tree (a lossy re-encoding: results made from it must say so). ``sample``:
+    only a seeded random sample of that many images (of ``classes``), in random order
+    (``numpy.random.default_rng(sample_seed)``); from the JPEG tree only those are decoded.
     """
     root = _root(root)
     ds, download_error = _torchvision_cifar(_datasets().CIFAR10, root, train, download)
     if ds is not None:
         images = np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))
         labels, source = np.asarray(ds.targets, dtype=np.int64), "torchvision"
+        if sample is not None:
+            keep = (np.arange(len(labels)) if classes is None
+                    else np.flatnonzero(np.isin(labels, classes)))
+            keep = keep[_sampled(len(keep), sample, sample_seed)]
+            images, labels = images[keep], labels[keep]
     else:
         if tarball is not None:
             ensure_extracted(tarball, root)
@@ -257,7 +282,8 @@ def load_cifar10(root: str | os.PathLike | None = None, train: bool = True,
         if not split_dir.is_dir():
             raise _cifar_missing("CIFAR-10", root, download_error,
                                  f" and an ImageFolder tree {split_dir}/<class>/*")
-        (images, labels), source = _imagefolder(split_dir, classes), f"imagefolder:{split_dir}"
+        (images, labels), source = (_imagefolder(split_dir, classes, sample, sample_seed),
+                                    f"imagefolder:{split_dir}")
     if classes is not None:
         idx, labels = select_classes(labels, classes)
         images = images[idx]
@@ -281,6 +307,63 @@ def to_float(images: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- preparation
+
+def mnist_raw(root: str | os.PathLike | None = None, train: bool = True,
+              download: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """All MNIST images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 of a split, read by
+    ``torchvision.datasets.MNIST`` from ``ROOT/MNIST/raw/`` (the IDX files, or their
+    ``.gz`` copies, decompressed once), else downloaded by torchvision when ``download``."""
+    root = _root(root)
+    raw = root / "MNIST" / "raw"
+    have = all((raw / n).is_file() for n in FMNIST_FILES) or _decompress_idx_gz(raw, raw)
+    download_error = None
+    if not have and download:
+        try:
+            _datasets().MNIST(root, train=train, download=True)
+            have = True
+        except Exception as err:  # noqa: BLE001 - any network/mirror failure means "not found"
+            download_error = err
+    if not have:
+        msg = (f"MNIST not found. Looked in {raw} (torchvision layout: "
+               f"{', '.join(FMNIST_FILES)}, optionally .gz). To get it: set download: true "
+               f"(torchvision downloads it; needs internet), or copy the four IDX files of "
+               f"the MNIST database (LeCun, Cortes & Burges) into {raw}. Offline without "
+               "them, run the Abadi et al. Figure 3 pipeline on Fashion-MNIST "
+               "(abadi.fig3.dataset: fmnist).")
+        if download_error is not None:
+            msg += f" The torchvision download failed: {download_error}"
+        raise DataNotFound(msg)
+    ds = _datasets().MNIST(root, train=train, download=False)
+    return ds.data.numpy(), ds.targets.numpy().astype(np.int64)
+
+
+#: The 28x28 grey-level data sets with ten classes (Abadi et al.'s MNIST task, and
+#: Fashion-MNIST in its place where MNIST is not available).
+DIGIT_LIKE = ("mnist", "fmnist")
+
+
+def load_ten_class(dataset: str, root=None, train: bool = True,
+                   download: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A whole split of MNIST or Fashion-MNIST (``dataset`` in :data:`DIGIT_LIKE`), all ten
+    classes in file order: ``X`` float32 ``(N, 784)`` in [0, 1] (pixels / 255), ``y``
+    int64."""
+    if dataset not in DIGIT_LIKE:
+        raise ValueError(f"dataset={dataset!r}: must be one of {DIGIT_LIKE}")
+    images, labels = (mnist_raw(root, train, download) if dataset == "mnist"
+                      else fmnist_raw(root, train, download))
+    return images.reshape(len(images), -1).astype(np.float32) / np.float32(255), labels
+
+
+def prepare_mnist(root=None, download: bool = False) -> list[dict]:
+    """Make MNIST readable at ``root`` (decompress, or download once) and read both splits;
+    one row per split."""
+    rows = []
+    for split, train in (("train", True), ("test", False)):
+        images, _ = mnist_raw(root, train=train, download=download)
+        rows.append({"data_set": "mnist", "split": split, "n": len(images),
+                     "source": str(_root(root) / "MNIST" / "raw")})
+    return rows
+
 
 def prepare_fmnist(root=None, download: bool = False,
                    debian_dir: str | os.PathLike = FMNIST_DEBIAN_DIR) -> list[dict]:

@@ -15,7 +15,7 @@ example: clipped sum plus noise, divided by the number of microbatches).
 
 Efficiency. The K models share one tensor layout with a leading model dimension, so every
 step is a handful of batched matmuls (``torch.bmm``). The forward and backward passes of the
-two dense architectures are written out by hand. For a dense layer z = a W + b the
+dense architectures are written out by hand. For a dense layer z = a W + b the
 per-example gradient is the outer product (a_i; 1) g_i^T with g_i = d loss_i / d z_i, so
 its squared Frobenius norm is (||a_i||^2 + 1) ||g_i||^2 (Goodfellow 2015, "Efficient
 per-example gradient computations"); summing this over layers gives ||grad_i||^2 without
@@ -78,22 +78,27 @@ _MIN_CHUNK_STEPS = 64
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A dense classifier: 'lr' (in_dim -> n_classes) or 'fnn' (in_dim -> hidden ReLU -> n_classes).
+    """A dense classifier: 'lr' (in_dim -> n_classes) or 'fnn' (in_dim -> hidden ReLU ->
+    n_classes); ``hidden`` a sequence of widths (e.g. ``(384, 384)``) stacks several ReLU
+    layers (a list is stored as a tuple).
 
     Every layer has a bias. Softmax cross-entropy loss on the logits.
     """
 
     arch: str
     in_dim: int
-    hidden: int = 32
+    hidden: int | tuple[int, ...] = 32
     n_classes: int = 2
 
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"ModelSpec.arch={self.arch!r}: must be one of {ARCHS}")
-        for name in ("in_dim", "hidden"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"ModelSpec.{name}={getattr(self, name)}: must be >= 1")
+        if isinstance(self.hidden, (list, tuple)):
+            object.__setattr__(self, "hidden", tuple(self.hidden))
+        widths = self.hidden if isinstance(self.hidden, tuple) else (self.hidden,)
+        if not widths or any(int(w) < 1 for w in widths) or int(self.in_dim) < 1:
+            raise ValueError(f"ModelSpec: in_dim={self.in_dim} and every hidden width "
+                             f"(hidden={self.hidden}) must be >= 1")
         if int(self.n_classes) < 2:
             raise ValueError(f"ModelSpec.n_classes={self.n_classes}: must be >= 2")
 
@@ -102,7 +107,9 @@ class ModelSpec:
         """(fan_in, fan_out) of each dense layer."""
         if self.arch == "lr":
             return [(self.in_dim, self.n_classes)]
-        return [(self.in_dim, self.hidden), (self.hidden, self.n_classes)]
+        widths = self.hidden if isinstance(self.hidden, tuple) else (self.hidden,)
+        dims = [self.in_dim, *widths, self.n_classes]
+        return list(zip(dims[:-1], dims[1:]))
 
     @property
     def n_params(self) -> int:
@@ -664,8 +671,17 @@ def _initial(model: ModelSpec, cols: list[DPSGDConfig], init: Params | None, sta
     return wide
 
 
+def epoch_ends(cfg: DPSGDConfig, n: int) -> list[int]:
+    """The step counts after which epochs 1, 2, ... end on n examples: multiples of the
+    steps per epoch ("shuffle"); ``round(e n / B)`` ("poisson", whose epochs are n / B
+    steps on average, the last one ``steps(n)`` for whole ``epochs``)."""
+    if cfg.sampling == "shuffle":
+        return [e * cfg.steps_per_epoch(n) for e in range(1, int(cfg.epochs) + 1)]
+    return [round(e * n / cfg.batch_size) for e in range(1, math.floor(cfg.epochs) + 1)]
+
+
 def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], seeds, init,
-           device, progress, canaries):
+           device, progress, canaries, lr_schedule=None, on_epoch=None):
     K, M, dev = len(seeds), len(cols), resolve(device)
     cfg = cols[0]
     if K < 1:
@@ -686,6 +702,9 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
             raise ValueError(f"canaries: train one column at a time with gradient canaries "
                              f"(got {M} columns)")
         canaries.check(model, cfg.clip, K)
+        if lr_schedule is not None:
+            raise ValueError("canaries: the canary scores assume a constant learning rate; "
+                             "pass lr_schedule=None")
     if int(y.min()) < 0 or int(y.max()) >= model.n_classes:
         raise ValueError(f"train: labels must be in [0, {model.n_classes})")
     dtype = X.dtype if X.is_floating_point() else torch.float32
@@ -713,7 +732,8 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     hook = None if canaries is None else _CanaryHook(
         canaries, cfg.batch_size / n if canaries.rate is None else canaries.rate, states,
         wide.column(0), dev, dtype, step_size, stds[0], cfg.clip)
-    done = 0
+    ends = epoch_ends(cfg, n) if on_epoch is not None else []
+    done, epoch = 0, 0
     while done < T:
         S = min(chunk, T - done)
         batches = _sample_batches(cfg, n, S, batch_gens, dev, dtype)
@@ -723,6 +743,11 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
         if hook is not None:
             hook.draw(S)
         for s, (idx, valid) in enumerate(batches):
+            if lr_schedule is not None:
+                lr = lr_schedule(done + s)
+                if not 0 < lr < math.inf:
+                    raise ValueError(f"lr_schedule({done + s})={lr!r}: must be > 0 and finite")
+                step_size = lr / B
             flat_idx = idx.reshape(-1)
             if x_buf.numel() < flat_idx.numel() * d:
                 x_buf = torch.empty(flat_idx.numel() * d, device=dev, dtype=dtype)
@@ -755,6 +780,9 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
                     t.addcmul_(eps.unsqueeze(2 if j == 0 else 1), sv, value=-step_size)
             if hook is not None:
                 hook.observe(hook_params)
+            if epoch < len(ends) and done + s + 1 == ends[epoch]:
+                epoch += 1
+                on_epoch(epoch, [wide.column(m) for m in range(M)])
         done += S
         if progress is not None:
             progress(done, T)
@@ -769,7 +797,9 @@ def train_with_noise_std(X: torch.Tensor, y: torch.Tensor, model: ModelSpec,
                          cfg: DPSGDConfig | Sequence[DPSGDConfig], seeds: Sequence[int],
                          noise_std, init: Params | None = None, device=None,
                          progress: Callable[[int, int], None] | None = None,
-                         *, canaries: GradientCanaries | None = None):
+                         *, canaries: GradientCanaries | None = None,
+                         lr_schedule: Callable[[int], float] | None = None,
+                         on_epoch: Callable[[int, list[Params]], None] | None = None):
     """Train K = len(seeds) models per column by DP-SGD with noise std ``noise_std`` on the
     clipped sum.
 
@@ -792,9 +822,17 @@ def train_with_noise_std(X: torch.Tensor, y: torch.Tensor, model: ModelSpec,
     model ``seeds[k]``; one column only); then returns a :class:`CanaryRun`
     ``(params, scores)`` with the all-iterates scores (K, m) float64. Without them, the
     Params only.
+
+    ``lr_schedule(t)``: the learning rate of step t = 0, 1, ... (every column), in place of
+    ``cfg.lr`` (e.g. Abadi et al.'s linear decay over the first epochs); not with canaries.
+    ``on_epoch(e, params)``: called after the last step of every whole epoch e = 1, 2, ...
+    (:func:`epoch_ends`) with the M columns' current Params, views of the weights being
+    trained: read them (evaluate, copy), never change them. Neither changes any random draw,
+    and the hook leaves the trained models as they are without it.
     """
     cols, stds = _columns(cfg, noise_std)
-    out = _train(X, y, model, cols, stds, list(seeds), init, device, progress, canaries)
+    out = _train(X, y, model, cols, stds, list(seeds), init, device, progress, canaries,
+                 lr_schedule, on_epoch)
     return out[0] if isinstance(cfg, DPSGDConfig) and isinstance(out, list) else out
 
 
@@ -848,17 +886,21 @@ def train(X: torch.Tensor, y: torch.Tensor, model: ModelSpec,
           cfg: DPSGDConfig | Sequence[DPSGDConfig], seeds: Sequence[int],
           init: Params | None = None, device=None,
           progress: Callable[[int, int], None] | None = None, *,
-          canaries: GradientCanaries | None = None):
+          canaries: GradientCanaries | None = None,
+          lr_schedule: Callable[[int], float] | None = None,
+          on_epoch: Callable[[int, list[Params]], None] | None = None):
     """DP-SGD, noise std ``noise_multiplier * clip`` of each column
-    (:func:`train_with_noise_std`): Params for one config, a list of Params for a sequence
-    of configs; with ``canaries=``, a :class:`CanaryRun` (params, all-iterates scores)."""
+    (:func:`train_with_noise_std`, which explains ``lr_schedule`` and ``on_epoch``): Params
+    for one config, a list of Params for a sequence of configs; with ``canaries=``, a
+    :class:`CanaryRun` (params, all-iterates scores)."""
     cols = [cfg] if isinstance(cfg, DPSGDConfig) else list(cfg)
     if not all(isinstance(c, DPSGDConfig) for c in cols):
         raise ValueError("train: cfg must be a DPSGDConfig or a non-empty sequence of them")
     stds = [c.noise_multiplier * c.clip for c in cols]
     return train_with_noise_std(X, y, model, cfg, seeds,
                                 stds[0] if isinstance(cfg, DPSGDConfig) else stds, init=init,
-                                device=device, progress=progress, canaries=canaries)
+                                device=device, progress=progress, canaries=canaries,
+                                lr_schedule=lr_schedule, on_epoch=on_epoch)
 
 
 def step_bytes(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
@@ -901,5 +943,5 @@ def seeds_per_call(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
 
 __all__ = ["ModelSpec", "DPSGDConfig", "Params", "init_params", "save_params", "load_params",
            "logits", "losses", "grad_norms", "train", "train_with_noise_std", "seeds_per_call",
-           "step_bytes", "GradientCanaries", "CanaryRun", "flatten", "last_iterate_scores",
-           "dirac_canaries", "ARCHS", "SAMPLINGS", "INITS"]
+           "step_bytes", "epoch_ends", "GradientCanaries", "CanaryRun", "flatten",
+           "last_iterate_scores", "dirac_canaries", "ARCHS", "SAMPLINGS", "INITS"]

@@ -135,6 +135,19 @@ def onerun_run_epochs(onerun, epochs):
     return runs * epochs
 
 
+# Seconds of one full-size epoch of Abadi et al.'s figures on 2 CPU cores (docs/scale.md:
+# 8.5 and 4.8 CPU seconds), and the images of a full-size epoch.
+ABADI_EPOCH = {"fig3": (4.3, "n_train", 60_000), "fig6": (2.4, "private_images", 40_000)}
+
+
+def abadi_cpu_seconds(abadi, figure):
+    """An Abadi et al. training job on 2 CPU cores: its most epochs (a level stops earlier,
+    at its eps) at the measured seconds per epoch, scaled by its images (0: all)."""
+    seconds, key, full = ABADI_EPOCH[figure]
+    section = abadi[figure]
+    return section["max_epochs"] * seconds * (section[key] or full) / full
+
+
 def hw3_draws(hw3, grid):
     """An HW3 sweep: Gaussian coordinates drawn, repeats x m x d over its points."""
     axes = hw3["grids"][grid]

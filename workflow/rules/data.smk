@@ -8,7 +8,7 @@ rule data:
     output:
         "results/data/{dataset}.csv",
     wildcard_constraints:
-        dataset="fmnist|cifar",
+        dataset="fmnist|mnist|cifar",
     params:
         data=spec("data"),
     localrule: True

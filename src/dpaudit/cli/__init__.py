@@ -20,7 +20,7 @@ from ..io import DataNotFound
 
 #: Subcommand modules, in help order.
 COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
-            "report")
+            "abadi", "report")
 
 
 def spec_arg(text: str) -> dict:

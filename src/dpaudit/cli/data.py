@@ -9,9 +9,11 @@ from pathlib import Path
 from ..config import validate_section
 from . import spec_arg
 
-#: Data set (a key of ``jagielski.datasets``) -> its preparation, given the data section.
+#: Data set (a key of ``jagielski.datasets``, or MNIST) -> its preparation, given the data
+#: section.
 PREPARE = {
     "fmnist": lambda data, d: data.prepare_fmnist(d["root"], d["download"]),
+    "mnist": lambda data, d: data.prepare_mnist(d["root"], d["download"]),
     "cifar": lambda data, d: data.prepare_cifar(d["root"], d["download"], d["cifar10_tarball"],
                                                 d["cifar100_root"]),
 }

@@ -1,0 +1,93 @@
+"""Abadi et al. 2016, Figures 3 and 6 from ``results/abadi_accuracy.csv``: one panel per
+noise level, as in the paper: training and test accuracy against epochs (left axis) and
+the accountant's eps (right axis), the paper's reported test accuracy marked at the
+level's last epoch."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..experiments.abadi import PAPER
+from ..io import read_table
+from .style import COLORS, figure, save
+
+DATASET_NAMES = {"mnist": "MNIST", "fmnist": "Fashion-MNIST (in place of MNIST)",
+                 "cifar10": "CIFAR-10"}
+_TITLES = {"fig3": "Abadi et al. Fig. 3", "fig6": "Abadi et al. Fig. 6"}
+_EPS = "#2ca02c"
+_PAPER_DATA = {"fig3": "MNIST", "fig6": "CIFAR-10"}
+
+
+def _pretrained(value) -> str:
+    """A short phrase for the features' public data (``pretrained_on`` of the table)."""
+    text = str(value)
+    if text.startswith("cifar100"):
+        return "conv features pretrained on CIFAR-100"
+    if text.startswith("cifar10-heldout["):
+        count = int(text[len("cifar10-heldout["):].split("]")[0])
+        return (f"conv features pretrained on {count:,} held-out CIFAR-10 training images "
+                "(no CIFAR-100 here)")
+    return f"features pretrained on {text}"
+
+
+def _level_title(figure: str, rows, index: int) -> str:
+    first = rows.iloc[0]
+    if figure == "fig3":
+        what = rf"$\sigma$ = {first.sigma:g}, $\sigma_p$ = {first.sigma_pca:g}"
+    else:
+        what = rf"lot {first.lot_size:,}, $\sigma$ = {first.sigma:g}"
+    return f"({index}) {first.level}: {what}"
+
+
+def plot_abadi(table: str | os.PathLike, fig_name: str, out: str | os.PathLike) -> None:
+    """Draw Figure 3 (``fig_name="fig3"``) or 6 (``"fig6"``) from the accuracy table."""
+    df, _ = read_table(table)
+    df = df[df.figure == fig_name]
+    if df.empty:
+        raise ValueError(f"{table}: no rows of figure {fig_name!r}")
+    levels = list(dict.fromkeys(df.level))
+    fig, axes = figure(1, len(levels), squeeze=False, sharey=True)
+    axes = axes[0]
+    for i, (ax, level) in enumerate(zip(axes, levels), 1):
+        rows = df[df.level == level].sort_values("epoch")
+        ax.plot(rows.epoch, rows.train_acc, color=COLORS["empirical"], label="training")
+        ax.plot(rows.epoch, rows.test_acc, color=COLORS["clipbkd"], label="test")
+        last = rows.iloc[-1]
+        paper = PAPER.get(fig_name, {}).get(level)
+        if paper is not None:
+            ax.plot([last.epoch], [paper["test_acc"]], "*", color=COLORS["theory"],
+                    markersize=9, label=f"paper's test accuracy ({_PAPER_DATA[fig_name]})")
+        ax.annotate(f"test {last.test_acc:.1%}\n" + rf"$\varepsilon$ = {last.eps:.2f}",
+                    (last.epoch, last.test_acc), textcoords="offset points", xytext=(-4, -22),
+                    ha="right", fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_xlim(0, max(1, last.epoch))
+        ax.set_xlabel("epoch")
+        ax.set_title(_level_title(fig_name, rows, i), fontsize=9)
+        twin = ax.twinx()
+        twin.plot(rows.epoch, rows.eps, "--", color=_EPS, label=r"$\varepsilon$")
+        top = float(np.nanmax(rows.eps))
+        if np.isfinite(last.eps_target):
+            twin.axhline(last.eps_target, color=_EPS, lw=0.8, alpha=0.5)
+            top = max(top, float(last.eps_target))
+        twin.set_ylim(0, 1.15 * top if top > 0 else 1)
+        twin.tick_params(axis="y", colors=_EPS)
+        twin.grid(False)
+        twin.spines["right"].set_visible(True)
+        if i == len(levels):
+            twin.set_ylabel(rf"$\varepsilon$ at $\delta$ = {last.delta:g} ({last.accountant})",
+                            color=_EPS)
+    axes[0].set_ylabel("accuracy")
+    first = df.iloc[0]
+    data = DATASET_NAMES.get(first.dataset, first.dataset)
+    extra = f"\n{_pretrained(first.pretrained_on)}" if fig_name == "fig6" else ""
+    fig.suptitle(f"{_TITLES[fig_name]}: {data}, n = {first.n_train:,}{extra}", fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    handles += twin.get_legend_handles_labels()[0]
+    labels += [r"$\varepsilon$ (target: thin line)"]
+    fig.legend(handles, labels, loc="upper center", ncol=4, bbox_to_anchor=(0.5, 0.0),
+               frameon=False)
+    fig.tight_layout()
+    save(fig, out)
