@@ -64,3 +64,14 @@ rule all:
     default_target: True
     input:
         FIGURES,
+
+
+# The paper-scale GPU run's figures from its tables in reference/, on any CPU, without
+# training or data: `snakemake --cores 1 reference`.
+rule reference:
+    input:
+        "figures/reference/jagielski_fig2.pdf",
+        "figures/reference/jagielski_table2.pdf",
+        "results/reference/jagielski_table2.md",
+        "figures/reference/tramer_canary_losses.pdf",
+        "figures/reference/trials_needed.pdf",
