@@ -415,15 +415,31 @@ def cuda(args, cfg, grid, fig2, table2, X, y):
         return
     print()
     sized = {c: sorted({sized_k(jag, c, "cuda", j) for j in (1, jobs)}) for c in (fig2, table2)}
-    k_sizing(jag, {"fig2": (fig2, sorted({100, 200, 400, *sized[fig2]})),
-                   "table2": (table2, sorted({100, 200, *sized[table2]}))},
-             X, y, "cuda", 4, 2)
-    speedup = several_jobs(jag, args.config, fig2, "cuda", sorted({1, 2, 4, jobs}), 4, 3)
-    tf32 = tf32_rates(jag, {"fig2": fig2, "table2": table2}, X, y, 4, 2)
-    tramer = tramer_rate(cfg["tramer"], X, y, cfg["tramer"]["batch_runs"], 2)
-    for label, factor in (("fp32", 1.0), ("tf32", tf32["table2"])):
-        project_run(grid, jag, cfg["tramer"], f"{name}, {label}",
-                    {m: v * factor for m, v in cuda_speeds.items()}, speedup, tramer, jobs)
+    attempt("K sizing", k_sizing, jag, {"fig2": (fig2, sorted({100, 200, 400, *sized[fig2]})),
+                                        "table2": (table2, sorted({100, 200, *sized[table2]}))},
+            X, y, "cuda", 4, 2)
+    speedup = attempt("jobs at once", several_jobs, jag, args.config, fig2, "cuda",
+                      sorted({1, 2, 4, jobs}), 4, 3)
+    tf32 = attempt("TF32", tf32_rates, jag, {"fig2": fig2, "table2": table2}, X, y, 4, 2)
+    tramer = attempt("Tramer", tramer_rate, cfg["tramer"], X, y, cfg["tramer"]["batch_runs"], 2)
+    if speedup and tramer:
+        factors = {"fp32": {len(fig2): 1.0, len(table2): 1.0}}
+        if tf32:
+            factors["tf32"] = {len(fig2): tf32["fig2"], len(table2): tf32["table2"]}
+        for label, factor in factors.items():
+            project_run(grid, jag, cfg["tramer"], f"{name}, {label}",
+                        {m: v * factor[m] for m, v in cuda_speeds.items()}, speedup, tramer,
+                        jobs)
+
+
+def attempt(what, fn, *args):
+    """``fn(*args)``, or None after printing why it failed: a GPU session's time is short,
+    and one failing line should not cost the others."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 (any failure: report it, measure the rest)
+        print(f"{what}: failed: {type(exc).__name__}: {exc}")
+        return None
 
 
 def project(grid: dict, jag: dict, device: str, speeds: dict) -> None:
