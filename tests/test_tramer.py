@@ -317,7 +317,8 @@ def test_cli_audit_and_plot_end_to_end(user_module, monkeypatch, tmp_path):
 
 def test_cli_keeps_the_runs_of_the_registry_subjects(monkeypatch, tmp_path, capsys):
     """`--store`: a folder per subject; the fixed subject's runs come with the buggy one's
-    calls, and a rerun restores every batch: the same losses, nothing trained."""
+    calls, and a rerun restores every batch: the same losses, nothing trained. The fixed
+    subject audited alone does not take the runs trained as a column."""
     X, y = _image_like(60, 4, 12, seed=3)
     monkeypatch.setattr("dpaudit.data.load_fmnist",
                         lambda root, classes, **kw: (X.numpy(), y.numpy()))
@@ -333,3 +334,8 @@ def test_cli_keeps_the_runs_of_the_registry_subjects(monkeypatch, tmp_path, caps
     assert capsys.readouterr().err.count("48 models restored, 0 to train") == 4
     a, b = (read_table(tmp_path / f"{n}_losses.csv")[0] for n in "ab")
     pd.testing.assert_frame_equal(a, b, check_exact=True)
+    # fixed alone trains alone: its runs beside buggy's are equal to float rounding only
+    alone = argv[:2] + argv[3:]
+    assert alone[1:3] == ["--train", "fixed"]
+    assert main(alone + ["--out", str(tmp_path / "c.csv")]) == 0
+    assert capsys.readouterr().err.count("fixed: 0 models restored, 48 to train") == 2

@@ -121,10 +121,14 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
         common = {"seed": seed, "data_sha256": array_digest({"X": X, "y": y}),
                   "canary": [canary_kind, plan["label"]], "trainer": tramer.trainer_digest(),
                   "device": {k: describe()[k] for k in REPRODUCE_KEYS}}
-        # Only the registry subjects: the digest does not cover a user's code.
+        # Only the registry subjects (the digest does not cover a user's code); those of
+        # one spec train as columns of one call, which the key names (a column's models
+        # equal a subject's alone to float rounding only).
+        registry = [(t, s) for t, fn, s in plan["plans"] if fn in subjects.SUBJECTS.values()]
         kept = {target: (fn, store / re.sub(r"[^A-Za-z0-9]+", "_", target),
-                         {"implementation": target, "spec": spec, **common})
-                for target, fn, spec in plan["plans"] if fn in subjects.SUBJECTS.values()}
+                         {"implementation": target, "spec": spec, **common,
+                          "columns": sorted(t for t, s in registry if s == spec)})
+                for target, fn, spec in plan["plans"] if (target, spec) in registry}
     rows, losses = [], []
     for target, fn, spec in plan["plans"]:
         _, where, key = kept.get(target, (fn, None, None))
