@@ -281,5 +281,5 @@ def claim_first(names: Sequence[str], lock_dir: Path) -> tuple[str, IO | None]:
 
 
 __all__ = ["DEVICES", "LOCK_DIR", "GPU_VARS", "REPRODUCE_KEYS", "JOBS_PER_GPU_VAR",
-           "DeviceUnavailable", "resolve", "jobs_per_gpu", "given_gpus", "nvml_free_memory", "describe", "deterministic",
-           "claim_first"]
+           "DeviceUnavailable", "resolve", "jobs_per_gpu", "given_gpus", "nvml_free_memory",
+           "describe", "deterministic", "claim_first"]
