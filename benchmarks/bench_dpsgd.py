@@ -21,10 +21,21 @@ rounds of --epochs epochs each (methods interleaved). It prints the line
 
 and the projected wall time of the config's Figure 2 + Table 2 grids, group by group at the
 measured speed of a group of that many cells (every model costed as an FMNIST 2-layer model
-of 24 epochs: CIFAR heads train on 1024-d features for 20 epochs of 20 steps, about as
-costly), on the CPU and on CUDA when present (with the seeds per call that
-dpsgd.seeds_per_call picks there, and the estimated bytes per seed against the measured peak).
---cuda-only skips the CPU timings (a GPU session's device time is short).
+of 24 epochs: CIFAR heads train on 1024-d features for 20 epochs of 20 steps), on the CPU
+and on CUDA when present (with the seeds per call a workflow job takes there, the card
+shared by the config's jobs_per_gpu jobs, and the estimated bytes per seed against the
+measured peak). Then the levers of the paper-scale run's speed, on the CPU (unless
+--cuda-only) and on CUDA:
+
+  K sizing: a Figure 2 group (6 cells) and Table 2's (72) at several seeds per call K;
+  N jobs at once: N processes each training a Figure 2 group, together against one alone;
+  TF32 (CUDA): both groups with fp32 and with TF32 products (dpsgd.matmul_precision);
+  Tramer case study: its two subjects' runs per second, trained apart and as columns;
+
+and, on CUDA, the projected wall time of the whole run (fp32 and TF32): every training
+job's time alone from these speeds, the config's jobs_per_gpu at once at the measured
+speed-up, between the reference run's measured head and tail. --cuda-only skips the CPU
+timings (a GPU session's device time is short), --skip-levers the lever lines.
 
     python benchmarks/bench_dpsgd.py [--threads 2] [--epochs 1] [--table2-seeds 2] [--cuda-only]
 """
@@ -33,6 +44,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -142,19 +156,143 @@ def group_cells(jag, cells, epochs):
     return out
 
 
-def wide(jag, cells, K, device="cpu"):
-    """The real training of a group: its cells as columns of one call of K seeds."""
+def wide(jag, cells, K, device="cpu", precision="fp32"):
+    """The real training of a group: its cells as columns of one call of K seeds, with
+    float32 matmuls of ``precision`` (dpsgd.matmul_precision)."""
     model = dpsgd.ModelSpec("fnn", D, hidden=H)
     init = dpsgd.init_params(model, 1, [0], device="cpu")
 
     def run(X, y, epochs):
         cfgs = group_cells(jag, cells, epochs)
         fixed = init if any(c.init == "fixed" for c in cfgs) else None
-        dpsgd.train(X, y, model, cfgs, list(range(K)), init=fixed, device=device)
+        with dpsgd.matmul_precision(precision):
+            dpsgd.train(X, y, model, cfgs, list(range(K)), init=fixed, device=device)
         if device != "cpu":
             torch.cuda.synchronize()
         return K * len(cfgs) * cfgs[0].steps(N)
     return run
+
+
+def sized_k(jag, cells, device, jobs=1):
+    """The seeds per call run_group takes for a group of ``cells`` (a side's trials at most)."""
+    cfg = group_cells(jag, cells, jag["datasets"]["fmnist"]["epochs"])[0]
+    return dpsgd.seeds_per_call(dpsgd.ModelSpec("fnn", D, hidden=H), N, cfg, len(cells),
+                                device, limit=jag["trials"], jobs_per_gpu=jobs)
+
+
+def k_sizing(jag, named, X, y, device, epochs, repeats):
+    """Model-steps/s of each group of ``named`` ({name: (cells, [K, ...])}) at each K."""
+    fns = {(name, K): wide(jag, cells, K, device) for name, (cells, ks) in named.items()
+           for K in ks}
+    got = rates(fns, X, y, epochs, repeats)
+    where = "CPU" if device == "cpu" else torch.cuda.get_device_name()
+    for name, (cells, ks) in named.items():
+        line = ", ".join(f"K={K} {got[name, K]:.0f}" for K in ks)
+        print(f"K sizing ({where}, {len(cells)} cells, {epochs} epochs): {line} model-steps/s"
+              f" ({got[name, ks[-1]] / got[name, ks[0]]:.2f}x from K={ks[0]} to K={ks[-1]})")
+    return got
+
+
+def worker(spec: dict) -> None:
+    """One of several jobs at once (``--worker``): warm up, say "ready", wait for a line on
+    stdin, train ``rounds`` calls, print its start, end (wall clock) and model-steps."""
+    torch.set_num_threads(spec["threads"])
+    jag = yaml.safe_load(Path(spec["config"]).read_text())["jagielski"]
+    cells = [tuple(c) for c in spec["cells"]]
+    X, y, _ = load_data()
+    run = wide(jag, cells, spec["K"], spec["device"])
+    run(X, y, 1)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t0 = time.time()
+    steps = sum(run(X, y, spec["epochs"]) for _ in range(spec["rounds"]))
+    print(json.dumps({"t0": t0, "t1": time.time(), "steps": steps}), flush=True)
+
+
+def several_jobs(jag, config, cells, device, counts, epochs, rounds):
+    """Model-steps/s of P processes training a group of ``cells`` at once, for P in
+    ``counts`` (each P: the K a job takes when P share a GPU; on the CPU, its cores split
+    between the jobs), against one alone. Returns {P: aggregate speed-up}."""
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    where = "CPU" if device == "cpu" else torch.cuda.get_device_name()
+    speedup, alone = {}, None
+    for P in counts:
+        spec = {"config": str(config), "cells": cells, "device": device, "epochs": epochs,
+                "rounds": rounds, "K": sized_k(jag, cells, device, P),
+                "threads": max(1, torch.get_num_threads() // P) if device == "cpu" else 2}
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for _ in range(P)]
+        for proc in procs:
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        done = [json.loads(proc.stdout.readline()) for proc in procs]
+        for proc in procs:
+            proc.wait()
+        together = sum(d["steps"] for d in done) / (max(d["t1"] for d in done)
+                                                     - min(d["t0"] for d in done))
+        alone = alone or together
+        speedup[P] = together / alone
+        each = ", ".join(f"{d['steps'] / (d['t1'] - d['t0']):.0f}" for d in done)
+        print(f"{P} jobs at once ({where}, {len(cells)} cells, K={spec['K']}, "
+              f"{spec['threads']} threads each): {together:.0f} model-steps/s together, "
+              f"{speedup[P]:.2f}x one job; each {each}")
+    return speedup
+
+
+def tf32_rates(jag, named, X, y, epochs, repeats):
+    """fp32 against TF32 products (CUDA) for each group of ``named`` ({name: cells})."""
+    fns = {(name, p): wide(jag, cells, sized_k(jag, cells, "cuda"), "cuda", p)
+           for name, cells in named.items() for p in dpsgd.PRECISIONS}
+    got = rates(fns, X, y, epochs, repeats)
+    for name, cells in named.items():
+        fp32, tf32 = got[name, "fp32"], got[name, "tf32"]
+        print(f"TF32 ({torch.cuda.get_device_name()}, {len(cells)} cells, K="
+              f"{sized_k(jag, cells, 'cuda')}): fp32 {fp32:.0f}, tf32 {tf32:.0f} model-steps/s "
+              f"({tf32 / fp32:.2f}x)")
+    return {name: got[name, "tf32"] / got[name, "fp32"] for name in named}
+
+
+def tramer_rate(tramer_cfg, X, y, runs, repeats):
+    """Runs per second of the Tramer et al. case study's two subjects (its model on the
+    first n_train examples), trained apart (a call each) and as the two columns of one call
+    (subjects.train_columns); the default device. Returns the columns' runs/s (both
+    subjects counted)."""
+    from dpaudit import subjects
+
+    n = tramer_cfg["n_train"]
+    spec = {**tramer_cfg["model"], "eps": tramer_cfg["eps"], "delta": tramer_cfg["delta"],
+            "n": n + 1}
+    Xs, ys, seeds = X[:n + 1], y[:n + 1], list(range(runs))
+    fns = [subjects.SUBJECTS[name] for name in tramer_cfg["implementations"]]
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def apart():
+        for fn in fns:
+            fn(Xs, ys, seeds, spec)(Xs[:1])
+        sync()
+
+    def columns():
+        subjects.train_columns(fns, Xs, ys, seeds, spec)[0](Xs[:1])
+        sync()
+
+    best = {}
+    for name, fn in (("apart", apart), ("columns", columns)):
+        fn()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        best[name] = len(fns) * runs / min(times)
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"Tramer case study ({where}, {runs} runs per call, {len(fns)} subjects): apart "
+          f"{best['apart']:.0f} runs/s, as columns {best['columns']:.0f} runs/s "
+          f"({best['columns'] / best['apart']:.2f}x)")
+    return best["columns"]
 
 
 def rates(fns, X, y, epochs, repeats):
@@ -183,7 +321,12 @@ def main():
                     help="config whose grids to time and project (default: the full config)")
     ap.add_argument("--cuda-only", action="store_true",
                     help="time and project only on CUDA (no CPU rows, no Opacus)")
+    ap.add_argument("--skip-levers", action="store_true",
+                    help="leave out the K sizing, several-jobs, TF32 and Tramer lines")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        return worker(json.loads(args.worker))
     if args.cuda_only and not torch.cuda.is_available():
         ap.error("--cuda-only: torch sees no CUDA device")
     warnings.filterwarnings("ignore")
@@ -229,29 +372,74 @@ def main():
             speeds[m] = max(speeds.get(m, 0.0), rows[name])
     if speeds:
         project(grid, jag, "CPU (2 cores)" if torch.get_num_threads() <= 2 else "CPU", speeds)
+    if not args.cuda_only and not args.skip_levers:
+        torch.set_num_threads(max(args.threads))
+        print()
+        k_sizing(jag, {"fig2": (fig2, [6, 12, 24, 48]), "table2": (table2, [1, 2, 4, 8])},
+                 X, y, "cpu", args.epochs, args.repeats)
+        several_jobs(jag, args.config, fig2, "cpu", [1, 2], args.epochs, 2)
+        tramer_rate(cfg["tramer"], X, y, 100, args.repeats)
     if torch.cuda.is_available():
-        cuda_speeds = {}
-        model = dpsgd.ModelSpec("fnn", D, hidden=H)
-        for cells in (fig2, table2):
-            cfgs = group_cells(jag, cells, 24)
-            K = dpsgd.seeds_per_call(model, N, cfgs[0], len(cells), "cuda",
-                                     limit=jag["block_trials"])
-            run = wide(jag, cells, K, "cuda")
-            run(X, y, 1)  # CUDA warm-up
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            t = time.perf_counter()
-            steps = run(X, y, 24)
-            cuda_speeds[len(cells)] = steps / (time.perf_counter() - t)
-            peak = torch.cuda.max_memory_allocated() - base
-            est = K * dpsgd.step_bytes(model, N, cfgs[0], len(cells))
-            print(f"\n{torch.cuda.get_device_name()}: {len(cells)} cells x K={K} seeds, 24 "
-                  f"epochs: {cuda_speeds[len(cells)]:.0f} model-steps/s "
-                  f"({cuda_speeds[len(cells)] / cfgs[0].steps(N):.1f} models/s); memory: "
-                  f"estimated {est / 2**20:.0f} MiB, measured peak {peak / 2**20:.0f} MiB")
-        t2 = cuda_speeds[len(table2)]
-        print(f"table2 grid (CUDA): {t2:.0f} model-steps/s")
-        project(grid, jag, torch.cuda.get_device_name(), cuda_speeds)
+        cuda(args, cfg, grid, fig2, table2, X, y)
+
+
+def cuda(args, cfg, grid, fig2, table2, X, y):
+    """The CUDA lines: each group at the K a workflow job takes (with its memory), K
+    sizing, several jobs on the card, TF32, the Tramer et al. audit's subjects, and the
+    projections of the paper-scale run."""
+    jag, jobs = cfg["jagielski"], cfg["jobs_per_gpu"]
+    name = torch.cuda.get_device_name()
+    cuda_speeds = {}
+    model = dpsgd.ModelSpec("fnn", D, hidden=H)
+    for cells in (fig2, table2):
+        cfgs = group_cells(jag, cells, 24)
+        K = sized_k(jag, cells, "cuda", jobs)
+        run = wide(jag, cells, K, "cuda")
+        run(X, y, 1)  # CUDA warm-up
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t = time.perf_counter()
+        steps = run(X, y, 24)
+        cuda_speeds[len(cells)] = steps / (time.perf_counter() - t)
+        peak = torch.cuda.max_memory_allocated() - base
+        est = K * dpsgd.step_bytes(model, N, cfgs[0], len(cells))
+        print(f"\n{name}: {len(cells)} cells x K={K} seeds ({jobs} jobs per GPU), 24 "
+              f"epochs: {cuda_speeds[len(cells)]:.0f} model-steps/s "
+              f"({cuda_speeds[len(cells)] / cfgs[0].steps(N):.1f} models/s); memory: "
+              f"estimated {est / 2**20:.0f} MiB, measured peak {peak / 2**20:.0f} MiB")
+        del run
+        torch.cuda.empty_cache()
+    print(f"table2 grid (CUDA): {cuda_speeds[len(table2)]:.0f} model-steps/s")
+    project(grid, jag, name, cuda_speeds)
+    if args.skip_levers:
+        return
+    print()
+    sized = {c: sorted({sized_k(jag, c, "cuda", j) for j in (1, jobs)}) for c in (fig2, table2)}
+    attempt("K sizing", k_sizing, jag, {"fig2": (fig2, sorted({100, 200, 400, *sized[fig2]})),
+                                        "table2": (table2, sorted({100, 200, *sized[table2]}))},
+            X, y, "cuda", 4, 2)
+    speedup = attempt("jobs at once", several_jobs, jag, args.config, fig2, "cuda",
+                      sorted({1, 2, 4, jobs}), 4, 3)
+    tf32 = attempt("TF32", tf32_rates, jag, {"fig2": fig2, "table2": table2}, X, y, 4, 2)
+    tramer = attempt("Tramer", tramer_rate, cfg["tramer"], X, y, cfg["tramer"]["batch_runs"], 2)
+    if speedup and tramer:
+        factors = {"fp32": {len(fig2): 1.0, len(table2): 1.0}}
+        if tf32:
+            factors["tf32"] = {len(fig2): tf32["fig2"], len(table2): tf32["table2"]}
+        for label, factor in factors.items():
+            project_run(grid, jag, cfg["tramer"], f"{name}, {label}",
+                        {m: v * factor[m] for m, v in cuda_speeds.items()}, speedup, tramer,
+                        jobs)
+
+
+def attempt(what, fn, *args):
+    """``fn(*args)``, or None after printing why it failed: a GPU session's time is short,
+    and one failing line should not cost the others."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 (any failure: report it, measure the rest)
+        print(f"{what}: failed: {type(exc).__name__}: {exc}")
+        return None
 
 
 def project(grid: dict, jag: dict, device: str, speeds: dict) -> None:
@@ -267,6 +455,51 @@ def project(grid: dict, jag: dict, device: str, speeds: dict) -> None:
         models += n
     print(f"\nProjection on {device}: Figure 2 + Table 2, {len(grid)} jobs, {models} models: "
           f"{total_h:.1f} h")
+
+
+#: Measured in the paper-scale run on one H100 (reference/README.md, its snakemake logs),
+#: outside the training jobs: before the first (data 15 s, FMNIST task 14 s, fixed init
+#: 8 s), CIFAR-10's task with its pretraining (59 s, beside FMNIST's training), and after
+#: the last (Figure 2's and Table 2's audit tables, 126 s side by side, then plots 14 s).
+HEAD_S, CIFAR_TASK_S, TAIL_S = 37, 59, 140
+
+
+def makespan(alone_s: list[float], jobs: int, speedup: dict) -> float:
+    """Wall time of jobs that take ``alone_s`` seconds each alone, longest first, at most
+    ``jobs`` at once, k running together moving ``speedup[k]`` times as fast in total as
+    one alone (the largest measured k' <= k for an unmeasured k; 1 for one)."""
+    def total(k):
+        return max([1.0] + [v for m, v in speedup.items() if m <= k])
+    left, queue, now = [], sorted(alone_s, reverse=True), 0.0
+    while queue or left:
+        while queue and len(left) < jobs:
+            left.append(queue.pop(0))
+        rate = total(len(left)) / len(left)  # alone-seconds done per second, each job
+        step = min(left) / rate
+        now += step
+        left = [t - step * rate for t in left if t - step * rate > 1e-9]
+    return now
+
+
+def project_run(grid, jag, tramer_cfg, device, speeds, speedup, tramer_runs_s, jobs):
+    """Projected wall time of the whole paper-scale run on one GPU: each training job's
+    time alone from the measured speeds (Jagielski groups as in :func:`project`; Tramer et
+    al.'s audit, every run of both subjects, at the measured runs/s as columns; CIFAR-10's
+    task as measured), ``jobs`` at once at the measured speed-ups of several jobs, between
+    the reference run's measured head and tail."""
+    steps = dpsgd.DPSGDConfig(epochs=24, batch_size=B, lr=LR, clip=CLIP,
+                              noise_multiplier=SIGMA).steps(N)
+    alone = [CIFAR_TASK_S]
+    for (dataset, arch, attack), cells in grid.items():
+        n = len(cells) * jag["trials"] * (2 if attack == "mi" else 1 + len(jag["ks"]))
+        alone.append(n * steps / speeds[max(m for m in speeds if m <= len(cells))])
+    runs = 2 * len(tramer_cfg["implementations"]) * (tramer_cfg["runs"] + tramer_cfg["val_runs"])
+    alone.append(runs / tramer_runs_s)
+    one, many = makespan(alone, 1, {}), makespan(alone, jobs, speedup)
+    print(f"Projection of the whole run on {device}: training jobs {one:.0f} s one at a time,"
+          f" {many:.0f} s {jobs} at once (the longest alone: {max(alone):.0f} s); with the "
+          f"reference run's {HEAD_S} s before and {TAIL_S} s after: "
+          f"{(HEAD_S + many + TAIL_S) / 60:.1f} min")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,14 @@
 # Runs in the checkout's root with snakemake and `dpaudit` on PATH; CONFIGS (default
 # config/config.yaml) are the --configfile files, e.g. with an overlay that says where the
 # data are (docs/data.md). Each finished block of trials is kept in
-# results/jagielski/trained/ and a rerun trains only the rest, so a command cut off at
-# BUDGET loses at most one block per job. BUDGET covers snakemake only: leave a minute of a
+# results/jagielski/trained/ (Tramer et al.'s batches of runs in results/tramer/trained/)
+# and a rerun trains only the rest, so a command cut off at BUDGET loses at most one call
+# per job. BUDGET covers snakemake only: leave a minute of a
 # command's limit for unpacking, stopping the jobs (up to 20 s) and packing.
 #
 # Made for machines lent minutes at a time, which start bare and give back only OUT: copy
 # the kept.tgz.* parts of the last command into RESTORE (default .carry/) and send that
-# folder with the next command; if results/jagielski/trained/ is absent, they are unpacked
+# folder with the next command; if neither kept folder is there, they are unpacked
 # first. Kept blocks count only on the same GPU model, torch and trainer code (docs/scale.md),
 # so keep to one kind of GPU. Task files are rebuilt (CIFAR-10's pretraining is bitwise
 # reproducible on the same GPU model).
@@ -39,7 +40,8 @@ done
 ((${#targets[@]})) || { echo "gpu_run.sh: name at least one target; $usage" >&2; exit 2; }
 
 start=$SECONDS
-if [[ ! -d results/jagielski/trained ]] && compgen -G "$RESTORE/kept.tgz.*" >/dev/null; then
+if [[ ! -d results/jagielski/trained && ! -d results/tramer/trained ]] \
+    && compgen -G "$RESTORE/kept.tgz.*" >/dev/null; then
   cat "$RESTORE"/kept.tgz.* | tar -xzf - && echo "gpu_run.sh: unpacked the kept blocks in $RESTORE"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
@@ -62,7 +64,7 @@ pack() {  # pack NAME PATH...: a gzipped tar in parts of 15 MiB, if any PATH exi
   for p in "$@"; do [[ -e $p ]] && have+=("$p"); done
   ((${#have[@]})) && tar -czf - "${have[@]}" | split -b 15M -d - "$OUT/$name.tgz."
 }
-pack kept results/jagielski/trained
+pack kept results/jagielski/trained results/tramer/trained
 pack scores results/jagielski/scores
 tar -czf "$OUT/small.tgz" --ignore-failed-read logs results/*.csv results/*.md \
   results/*.html figures 2>/dev/null

@@ -3,8 +3,9 @@
 Every other test pins the CPU, so these are what a GPU session runs first
 (``python -m pytest tests/test_cuda.py``) before training at scale: the wide step against
 each column alone, the two samplings, the scores against the CPU's, the seeds per call
-against the card's memory, a whole group through the CLI, and the CIFAR feature
-extractor's bitwise reproducibility in :func:`dpaudit.device.deterministic`. CUDA's random
+against the card's memory and its jobs, a group bit for bit whatever its calls, TF32
+training, a whole group through the CLI, and the CIFAR feature extractor's bitwise
+reproducibility in :func:`dpaudit.device.deterministic`. CUDA's random
 streams differ from the CPU's, so models are compared on the same device; scores of the
 same weights are compared across devices.
 """
@@ -16,6 +17,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -96,6 +98,61 @@ def test_seeds_per_call_fills_half_the_card_and_the_estimate_bounds_the_peak():
     assert peak <= K * per_seed + X.nbytes + y.nbytes, (peak, K * per_seed)
 
 
+def test_seeds_per_call_shares_the_card_between_its_jobs():
+    model = D.ModelSpec("fnn", 784, hidden=32)
+    cfg = D.DPSGDConfig(epochs=1, batch_size=250, lr=0.15, clip=1.0, noise_multiplier=1.0)
+    free, total = torch.cuda.mem_get_info()
+    per_seed = D.step_bytes(model, 6000, cfg, 6)
+    for jobs in (1, 4):
+        K = D.seeds_per_call(model, 6000, cfg, 6, "cuda", limit=10**9, jobs_per_gpu=jobs)
+        assert K == min(total // (2 * jobs), int(0.9 * free)) // per_seed
+
+
+def test_a_group_is_bit_identical_whatever_the_calls_on_cuda(tmp_path):
+    """Calls of 1, 3 or all 7 trials, across blocks of 3 or within one of 7, give the same
+    scores bit for bit on the GPU too (cuBLAS may pick other kernels for other numbers of
+    seeds: this is what makes the seeds per call a matter of speed only). If this fails,
+    calls must keep to whole blocks on CUDA, as Poisson calls do (run_group's ``span``)."""
+    task = _task(np.random.default_rng(5))
+    model = D.ModelSpec("fnn", 6, hidden=4)
+    base = dict(epochs=2, batch_size=10, lr=0.5)
+    cfgs = {"a": D.DPSGDConfig(clip=1.0, noise_multiplier=0.5, **base),
+            "b": D.DPSGDConfig(clip=2.0, noise_multiplier=0.0, init_scale=0.5, **base)}
+    kw = dict(ks=[1], trials=7, seed=2, name=("toy", "fnn"), device="cuda")
+    first = jagielski.run_group(task, "clipbkd", model, cfgs, block=7, per_call=7, **kw)
+    for block, per_call in ((7, 2), (3, 7), (3, 1)):
+        got = jagielski.run_group(task, "clipbkd", model, cfgs, block=block, per_call=per_call,
+                                  **kw)
+        for c in cfgs:
+            pd.testing.assert_frame_equal(got[c], first[c], check_exact=True)
+
+
+def test_tf32_trains_close_to_fp32_reproducibly_and_restores_torch_setting():
+    """matmul_precision('tf32') on CUDA: other models than fp32's (TF32 products, a clip
+    0.2% lower), close to them, the same on a second run; torch's own setting is as
+    before afterwards, and fp32 is exact even where torch's global setting allows TF32."""
+    X, y, model, init = _problem("fnn", n=600, d=200)
+    cfg = D.DPSGDConfig(epochs=2, batch_size=50, lr=0.3, clip=1.0, noise_multiplier=0.8)
+    mm = torch.backends.cuda.matmul
+    before = mm.fp32_precision if hasattr(mm, "fp32_precision") else mm.allow_tf32
+    fp32 = D.train(X, y, model, cfg, [1, 2, 3], device="cuda")
+    with D.matmul_precision("tf32"):
+        tf32 = D.train(X, y, model, cfg, [1, 2, 3], device="cuda")
+        again = D.train(X, y, model, cfg, [1, 2, 3], device="cuda")
+    after = mm.fp32_precision if hasattr(mm, "fp32_precision") else mm.allow_tf32
+    assert after == before
+    for a, b, c in zip(D._tensors(tf32), D._tensors(again), D._tensors(fp32)):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, c, rtol=0.05, atol=0.02)
+    assert not all(torch.equal(a, c) for a, c in zip(D._tensors(tf32), D._tensors(fp32)))
+    torch.set_float32_matmul_precision("high")  # TF32 allowed globally: fp32 stays exact
+    try:
+        exact = D.train(X, y, model, cfg, [1, 2, 3], device="cuda")
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert all(torch.equal(a, b) for a, b in zip(D._tensors(exact), D._tensors(fp32)))
+
+
 def test_dirac_canaries_and_a_canary_run_on_cuda():
     X, y, model, _ = _problem("fnn")
     cfg = D.DPSGDConfig(epochs=2, batch_size=9, lr=0.4, clip=1.0, noise_multiplier=0.5)
@@ -142,7 +199,7 @@ def test_cli_trains_a_group_on_cuda_and_reuses_its_blocks(tmp_path, capfd):
     features.save_features(tmp_path / "task.npz", task.arrays(), {"dataset": "toy"})
     spec = {"trials": 6, "ks": [1, 2], "sampling": "shuffle", "clipbkd_d0": "flipped",
             "epochs": 2, "batch_size": 10, "lr": 0.5, "hidden": 5,
-            "noise": {"4": 0.7, "inf": 0.0}}
+            "noise": {"4": 0.7, "inf": 0.0}, "matmul_precision": "fp32"}
 
     def train():
         return main(["jagielski-train", "--task", str(tmp_path / "task.npz"), "--dataset",

@@ -148,6 +148,33 @@ def test_resolve_cuda_on_several_gpus_claims_a_free_card_makes_it_current_and_ke
         fh.close()
 
 
+def test_jobs_per_gpu_places_fill_every_card_before_sharing_one(monkeypatch, fake_cuda):
+    """DPAUDIT_JOBS_PER_GPU=2 on three cards: six jobs side by side take cards 0, 1, 2, 0,
+    1, 2 (each holding its place until it ends); a seventh shares the freest card."""
+    monkeypatch.setenv(device.JOBS_PER_GPU_VAR, "2")
+    monkeypatch.setattr(device, "nvml_free_memory", lambda n: [5, 9, 7][:n])
+    cards, held = [], []
+    for _ in range(7):
+        monkeypatch.setattr(device, "_claimed", None)  # a new process
+        cards.append(device.resolve("cuda").index)
+        held.append(device._claimed[1])
+    assert cards == [0, 1, 2, 0, 1, 2, 1] and held[-1] is None
+    for fh in held[:-1]:
+        fh.close()
+
+
+@pytest.mark.parametrize("value, want", [(None, 1), ("", 1), ("4", 4), (" 2 ", 2)])
+def test_jobs_per_gpu_reads_the_workflows_setting(value, want):
+    env = {} if value is None else {device.JOBS_PER_GPU_VAR: value}
+    assert device.jobs_per_gpu(env) == want
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_jobs_per_gpu_refuses_a_bad_setting_naming_it(value):
+    with pytest.raises(ValueError, match=f"DPAUDIT_JOBS_PER_GPU={value!r}: must be an integer"):
+        device.jobs_per_gpu({device.JOBS_PER_GPU_VAR: value})
+
+
 def test_one_gpu_resolves_to_index_0_and_makes_it_current(monkeypatch, fake_cuda):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert device.resolve("auto") == device.resolve("cuda") == torch.device("cuda", 0)

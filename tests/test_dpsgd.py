@@ -623,3 +623,102 @@ def test_seeds_per_call_and_step_bytes():
     assert one == 4 * 72 * model.n_params + 16 * 3 * 6000 + 8 * model.n_params \
         + 4 * 250 * (784 + 6 * 34)
     assert many - one == 71 * (8 * model.n_params + 4 * 250 * 6 * 34)
+
+
+def test_seeds_per_call_shares_half_the_card_between_its_jobs(monkeypatch):
+    """CUDA: half the card's memory split between jobs_per_gpu jobs, at most 90% of what is
+    free, by step_bytes; the CPU ignores the sharing."""
+    model = D.ModelSpec("fnn", 784, hidden=32)
+    cfg = D.DPSGDConfig(epochs=24, batch_size=250, lr=0.15, clip=1.0, noise_multiplier=1.0)
+    per_seed = D.step_bytes(model, 6000, cfg, 6)
+    free = {"now": 80 * 2**30}
+    monkeypatch.setattr(D, "resolve", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (free["now"], 80 * 2**30))
+    for jobs in (1, 2, 4):
+        want = 40 * 2**30 // jobs // per_seed
+        assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 10**6, jobs) == want
+    assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 100, 4) == 100
+    free["now"] = 2**30  # other processes hold the rest: 90% of the free memory
+    assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 10**6, 1) == int(0.9 * 2**30) // per_seed
+    with pytest.raises(ValueError, match="jobs_per_gpu=0: must be an integer >= 1"):
+        D.seeds_per_call(model, 6000, cfg, 6, "cpu", jobs_per_gpu=0)
+
+
+def _tf32_round(t: torch.Tensor, mode: str) -> torch.Tensor:
+    """float32 values rounded to TF32's 10 fraction bits: toward zero, or to nearest with
+    ties away from zero (the two roundings a TF32 tensor core may apply to its inputs)."""
+    bits = t.to(torch.float32).contiguous().view(torch.int32)
+    if mode == "nearest":
+        bits = bits + 0x1000
+    return (bits & ~0x1FFF).view(torch.float32).double()
+
+
+@pytest.mark.parametrize("mode", ["zero", "nearest"])
+def test_tf32_clip_margin_keeps_every_examples_contribution_within_the_clip(monkeypatch, mode):
+    """The wide step's clip-and-sum with TF32 products, simulated in float64: each layer's
+    weight part of example i is (round a_i) (round c_i g_i)^T, its bias part c_i g_i in
+    float32. Clipping to C, some examples add more than C (inputs on a rounding tie are
+    rounded up by 2^-11); clipping to C / (1 + 2^-10)^2, as the trainer does under TF32,
+    none does, whichever rounding the tensor cores apply."""
+    g = torch.Generator().manual_seed(4)
+    n, d, C = 400, 64, 1.0
+    # entries exactly halfway between two TF32 values: the worst case of rounding up
+    X = (1 + 2.0 ** -11) * 2.0 ** torch.randint(-2, 3, (n, d), generator=g).float()
+    X = X * torch.sign(torch.randn(n, d, generator=g))
+    y = torch.randint(0, 2, (n,), generator=g)
+    model = D.ModelSpec("fnn", d, hidden=16)
+    params = D.init_params(model, 2, [3, 4], scale=4.0)
+    wide = D._Wide.of(params)
+    xb = X.expand(2, -1, -1)
+    acts, z = D._forward(wide, xb)
+    onehot = torch.nn.functional.one_hot(y, 2).float().T.expand(2, -1, -1)
+    gs = D._backprop(wide, acts, z, onehot)
+    sq = D._sq_grad_norms(acts, gs, xb.square().sum(-1) + 1)
+    cpu = torch.device("cpu")
+
+    def largest(clip):
+        c = torch.div(torch.tensor([[clip]]), sq.sqrt()).clamp(max=1.0)  # as _train
+        total = 0
+        for l, (a, gl) in enumerate(zip(acts, gs)):
+            cg = gl * c.unsqueeze(2)  # (K, M, fan_out, b), float32 as the trainer forms it
+            a = a.unsqueeze(1) if l == 0 else a  # (K, 1 or M, fan_in, b)
+            weight = _tf32_round(a, mode).square().sum(2) * _tf32_round(cg, mode).square().sum(2)
+            total = total + weight + cg.double().square().sum(2)
+        assert float((c < 1).float().mean()) > 0.3  # many clipped: each of them adds ~C
+        return float(total.sqrt().max())
+
+    monkeypatch.setattr(D, "_tf32", lambda dev: True)
+    margin = D._clip_scale(cpu)
+    assert margin == (1 + 2.0 ** -10) ** -2
+    assert largest(C * margin) <= C * (1 + 1e-6)  # float32 rounding of the norms only
+    if mode == "nearest":
+        assert largest(C) > C * (1 + 2.0 ** -12)
+
+
+def test_matmul_precision_scope_margin_and_refusals(monkeypatch):
+    """matmul_precision names one of fp32/tf32 and is restored on exit; the CPU has no TF32
+    (the same models as fp32); where TF32 is on, the trainer clips to C / (1 + 2^-10)^2
+    with the noise of C unchanged, and refuses gradient canaries."""
+    X, y, model, cfg = _noisy_problem("shuffle")
+    with pytest.raises(ValueError, match=r"matmul_precision='bf16': must be one of \('fp32',"):
+        with D.matmul_precision("bf16"):
+            pass
+    fp32 = D.train(X, y, model, cfg, [1, 2], device="cpu")
+    with D.matmul_precision("tf32"):
+        assert D._PRECISION.get() == "tf32" and not D._tf32(torch.device("cpu"))
+        same = D.train(X, y, model, cfg, [1, 2], device="cpu")
+    assert D._PRECISION.get() == "fp32"
+    assert all(torch.equal(a, b) for a, b in zip(D._tensors(fp32), D._tensors(same)))
+    monkeypatch.setattr(D, "_tf32", lambda dev: True)  # as on CUDA under TF32
+    tf32 = D.train(X, y, model, cfg, [1, 2], device="cpu")
+    lower = D.DPSGDConfig(**{**vars(cfg), "clip": cfg.clip * (1 + 2.0 ** -10) ** -2})
+    monkeypatch.setattr(D, "_tf32", lambda dev: False)
+    want = D.train_with_noise_std(X, y, model, lower, [1, 2], cfg.noise_multiplier * cfg.clip,
+                                  device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(D._tensors(tf32), D._tensors(want)))
+    assert not torch.equal(_flat(tf32, 0), _flat(fp32, 0))
+    monkeypatch.setattr(D, "_tf32", lambda dev: True)
+    dirs = D.dirac_canaries(model, 2, cfg.clip, 0)
+    with pytest.raises(ValueError, match=r"canaries: train with matmul_precision\('fp32'\)"):
+        D.train(X, y, model, cfg, [1], device="cpu",
+                canaries=D.GradientCanaries(dirs, torch.ones(1, 2, dtype=torch.bool)))

@@ -172,6 +172,43 @@ def test_run_group_trains_only_missing_blocks_and_cells(tmp_path):
     assert "24 models restored, 12 to train" in _summary(msgs)
 
 
+def test_run_group_is_bit_identical_whatever_the_calls_and_blocks(tmp_path, monkeypatch):
+    """Calls of any size, spanning blocks or splitting them, train the same models bit for
+    bit with shuffle sampling (each model's draws and products are its own), and write the
+    same kept blocks byte for byte; Poisson calls never span two blocks (padding to the
+    call's largest batch changes the summation order), and the device's memory sets K."""
+    task = _task(np.random.default_rng(5))
+    model = dpsgd.ModelSpec("fnn", 6, hidden=4)
+    cfgs = _group_cfgs()
+    kw = dict(ks=[1], trials=7, seed=2, name=("toy", "fnn"), device="cpu", key={"k": 1})
+    first = None
+    for block, per_call in ((7, None), (7, 2), (3, 7), (3, 5), (2, 1)):
+        store = tmp_path / f"b{block}_k{per_call}"
+        got = jagielski.run_group(task, "clipbkd", model, cfgs, block=block, per_call=per_call,
+                                  store=store, **kw)
+        files = {f.name: f.read_bytes() for f in sorted(store.iterdir())}
+        if first is None:
+            first = got
+        for c in cfgs:
+            pd.testing.assert_frame_equal(got[c], first[c], check_exact=True)
+        if block == 3:
+            if per_call == 7:
+                files3 = files
+            assert files == files3  # the same kept blocks, byte for byte
+    calls = []
+    real = dpsgd.train
+    monkeypatch.setattr(dpsgd, "train", lambda X, y, m, c, seeds, **k: calls.append(
+        len(seeds)) or real(X, y, m, c, seeds, **k))
+    jagielski.run_group(task, "clipbkd", model, cfgs, block=3, **kw)  # K = 32/2 columns = 16
+    assert calls == [7, 7]  # one call per side: all its blocks
+    poisson = {c: dpsgd.DPSGDConfig(**{**vars(v), "sampling": "poisson"}) for c, v in cfgs.items()}
+    calls.clear()
+    jagielski.run_group(task, "clipbkd", model, poisson, block=3, **kw)
+    assert calls == [3, 3, 1] * 2  # one call per block
+    with pytest.raises(ValueError, match="per_call=0: must be an integer >= 1"):
+        jagielski.run_group(task, "clipbkd", model, cfgs, per_call=0, **kw)
+
+
 def _summary(msgs):
     return [m for m in msgs if "restored" in m][-1]
 
@@ -429,7 +466,7 @@ def _train_cli(tmp_path, spec, cells, *extra, attack="clipbkd", arch="fnn"):
 
 TRAIN_SPEC = {"trials": 4, "ks": [1, 2], "sampling": "shuffle", "clipbkd_d0": "flipped",
               "epochs": 2, "batch_size": 10, "lr": 0.5, "hidden": 5,
-              "noise": {"4": 0.7, "inf": 0.0}}
+              "noise": {"4": 0.7, "inf": 0.0}, "matmul_precision": "fp32"}
 
 
 def test_cli_train_scores_table_and_saved_models_reproduce_the_scores(tmp_path):
@@ -504,8 +541,10 @@ def test_cli_train_keeps_blocks_and_retrains_only_what_changed(tmp_path, capsys)
 
 def test_cli_train_restores_only_on_the_same_device_and_trainer(tmp_path, capsys, monkeypatch):
     """CUDA random streams differ between the CPU and GPU models: a block kept from another
-    device kind, GPU model or torch version, or from other trainer code, trains again."""
+    device kind, GPU model or torch version, from other trainer code or matmul precision,
+    trains again."""
     from dpaudit import device, features
+    from dpaudit.io import read_table
 
     task = _task(np.random.default_rng(7))
     features.save_features(tmp_path / "task.npz", task.arrays(), {"dataset": "toy"})
@@ -521,6 +560,16 @@ def test_cli_train_restores_only_on_the_same_device_and_trainer(tmp_path, capsys
     assert "0 models restored, 12 to train" in capsys.readouterr().err
     assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2", "4"]], *store) == 0
     assert "12 models restored, 0 to train" in capsys.readouterr().err
+    # TF32 asked for: kept apart from fp32 blocks (the CPU has no TF32: recorded as fp32)
+    tf32 = {**TRAIN_SPEC, "matmul_precision": "tf32"}
+    assert _train_cli(tmp_path, tf32, [[1, "g2", "4"]], *store) == 0
+    assert "0 models restored, 12 to train" in capsys.readouterr().err
+    prov = read_table(tmp_path / "out" / "c1_g2_e4.csv")[1]
+    assert prov["spec"]["matmul_precision"] == "tf32"
+    assert prov["trainer"]["matmul_precision"] == "fp32"
+    assert _train_cli(tmp_path, {**TRAIN_SPEC, "matmul_precision": "bf16"}, [[1, "g2", "4"]]) == 2
+    assert "jagielski.matmul_precision='bf16': 'bf16' is not one of ['fp32', 'tf32']" in \
+        capsys.readouterr().err
 
 
 def test_cli_missing_cifar_is_one_clear_message(tmp_path, capsys):

@@ -227,6 +227,39 @@ def test_buggy_violates_its_claim_and_fixed_does_not():
     assert rows["fixed"]["verdict"] == tramer.NO_VIOLATION and rows["fixed"]["eps_lb"] == 0.0
 
 
+def test_kept_runs_of_both_subjects_train_once_as_columns(tmp_path):
+    """With stores, the buggy subject's audit trains the fixed one's runs beside its own
+    (columns of one call: the same batches and noise draws, the noise std apart) and keeps
+    them, so the fixed audit trains nothing; a rerun (a timed-out job) restores every
+    batch, bit for bit. The runs are those trained apart, to float rounding."""
+    X, y = _image_like(n=100)
+    spec = {"epochs": 2, "batch_size": 25, "lr": 1.0, "clip": 0.5, "eps": EPS,
+            "delta": DELTA, "n": len(X)}
+    canary = canaries.make_canary("checkerboard", X, y)
+    stores = {name: (subjects.SUBJECTS[name], tmp_path / name, {"implementation": name})
+              for name in ("buggy", "fixed")}
+
+    def audit(name, log=None, kept=True):
+        fn, store, key = stores[name]
+        more = dict(store=store, key=key, together={other: stores[other] for other in stores
+                                                    if other != name}) if kept else {}
+        return tramer.audit_implementation(fn, X, y, canary, EPS, DELTA, runs=12, val_runs=6,
+                                           spec=spec, seed=1, batch_runs=8,
+                                           progress=None if log is None else log.append, **more)
+
+    msgs = {name: [] for name in stores}
+    first = {name: audit(name, msgs[name]) for name in stores}
+    assert first["buggy"][0]["canary_label"] == first["fixed"][0]["canary_label"]
+    assert [m for m in msgs["buggy"] if "restored" in m] == ["0 models restored, 18 to train"] * 2
+    assert [m for m in msgs["fixed"] if "restored" in m] == ["18 models restored, 0 to train"] * 2
+    for name in stores:
+        apart = audit(name, kept=False)
+        np.testing.assert_allclose(first[name][1].loss, apart[1].loss, rtol=1e-4)
+        assert first[name][0]["verdict"] == apart[0]["verdict"]
+        again = audit(name)
+        pd.testing.assert_frame_equal(again[1], first[name][1], check_exact=True)
+
+
 def test_user_function_by_module_path(user_module):
     """The exact Gaussian mechanism: flagged only with the 1/n bug; ClipBKD canary."""
     X, y = _image_like(100, 4, 4, seed=1)
@@ -392,3 +425,29 @@ def test_reference_targets_draw_the_kept_tables_without_training(tmp_path):
     for row in table.itertuples():  # its bounds are those of its counts
         again = tramer.audit_counts(row.ct_pos, row.runs, row.ct_neg, row.runs, EPS, DELTA)
         assert row.eps_lb == pytest.approx(again["eps_lb"], rel=1e-12)
+
+
+def test_cli_keeps_the_runs_of_the_registry_subjects(monkeypatch, tmp_path, capsys):
+    """`--store`: a folder per subject; the fixed subject's runs come with the buggy one's
+    calls, and a rerun restores every batch: the same losses, nothing trained. The fixed
+    subject audited alone does not take the runs trained as a column."""
+    X, y = _image_like(60, 4, 12, seed=3)
+    monkeypatch.setattr("dpaudit.data.load_fmnist",
+                        lambda root, classes, **kw: (X.numpy(), y.numpy()))
+    argv = ["audit-impl", "--train", "buggy", "fixed", "--eps", "0.21", "--delta", "1e-5",
+            "--runs", "40", "--val-runs", "8", "--n-train", "60", "--batch-runs", "32",
+            "--seed", "3", "--spec", '{"epochs": 1, "batch_size": 20, "lr": 1.0, "clip": 1}',
+            "--store", str(tmp_path / "kept")]
+    assert main(argv + ["--out", str(tmp_path / "a.csv")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("fixed: 48 models restored, 0 to train") == 2
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["buggy", "fixed"]
+    assert main(argv + ["--out", str(tmp_path / "b.csv")]) == 0
+    assert capsys.readouterr().err.count("48 models restored, 0 to train") == 4
+    a, b = (read_table(tmp_path / f"{n}_losses.csv")[0] for n in "ab")
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    # fixed alone trains alone: its runs beside buggy's are equal to float rounding only
+    alone = argv[:2] + argv[3:]
+    assert alone[1:3] == ["--train", "fixed"]
+    assert main(alone + ["--out", str(tmp_path / "c.csv")]) == 0
+    assert capsys.readouterr().err.count("fixed: 0 models restored, 48 to train") == 2

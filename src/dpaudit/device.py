@@ -30,6 +30,9 @@ GPU_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_
 REPRODUCE_KEYS = ("gpu_name", "capability", "sm_count", "torch", "cuda")
 #: cuBLAS workspace setting that torch requires for deterministic CUDA matmuls.
 CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+#: How many training jobs share one GPU (:func:`jobs_per_gpu`): the workflow sets it from
+#: the config's ``jobs_per_gpu`` for the jobs of a local run.
+JOBS_PER_GPU_VAR = "DPAUDIT_JOBS_PER_GPU"
 
 
 _FIX = ("make CUDA usable in this job (a CUDA build of torch, a working driver), or set "
@@ -50,7 +53,8 @@ def resolve(device: str | torch.device | None = None) -> torch.device:
     GPU) is a :class:`DeviceUnavailable` error. ``"cuda"`` without an index, of several
     GPUs: the first one that no other dpaudit process of this user has claimed
     (:func:`claim_first`: jobs started side by side with ``--resources gpu=N`` each get
-    their own of the N GPUs), or, if all are claimed, the one with the most free memory
+    their own of the N GPUs; with :func:`jobs_per_gpu` J > 1, a card has J places, taken
+    card after card), or, if all are claimed, the one with the most free memory
     (from NVML, :func:`nvml_free_memory`; without NVML a card picked by process id), the
     same one for the rest of the process. A CUDA result always has an index and is made
     the current device (``torch.cuda.set_device``), so that work placed on plain ``cuda``
@@ -94,13 +98,34 @@ def _claim(n: int) -> tuple[torch.device, IO | None]:
     names = [str(getattr(torch.cuda.get_device_properties(i), "uuid", "")) for i in range(n)]
     if len(set(names)) < n or "" in names:
         names = [f"cuda{i}" for i in range(n)]
-    pick, lock = claim_first(names, LOCK_DIR)
+    # Each card has jobs_per_gpu() places, taken card after card: the first n jobs get a
+    # card each, the next n a second place on each, and so on.
+    share = jobs_per_gpu()
+    slots = names if share == 1 else [f"{name}.{j}" for j in range(share) for name in names]
+    pick, lock = claim_first(slots, LOCK_DIR)
     if lock is not None:
-        return torch.device("cuda", names.index(pick)), lock
+        return torch.device("cuda", slots.index(pick) % n), lock
     # Every card claimed: share the freest; without NVML spread processes by id.
     free = nvml_free_memory(n)
     index = os.getpid() % n if free is None else max(range(n), key=free.__getitem__)
     return torch.device("cuda", index), None
+
+
+def jobs_per_gpu(environ: Mapping[str, str] | None = None) -> int:
+    """How many training jobs share each GPU: :data:`JOBS_PER_GPU_VAR` in ``environ``
+    (default ``os.environ``), which the workflow sets from the config's ``jobs_per_gpu`` for
+    a local run; 1 where it is unset (a job run by hand, a SLURM job given its own GPU).
+    A job sizes its calls to its share of the card's memory, and on several GPUs takes a
+    place on a card (:func:`resolve`). A value that is not an integer >= 1 is a ValueError
+    naming the variable."""
+    env = os.environ if environ is None else environ
+    value = env.get(JOBS_PER_GPU_VAR, "").strip()
+    if not value:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{JOBS_PER_GPU_VAR}={value!r}: must be an integer >= 1 (the training "
+                         f"jobs that share one GPU; config key jobs_per_gpu)")
+    return int(value)
 
 
 def given_gpus(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -255,6 +280,6 @@ def claim_first(names: Sequence[str], lock_dir: Path) -> tuple[str, IO | None]:
     return names[0], None
 
 
-__all__ = ["DEVICES", "LOCK_DIR", "GPU_VARS", "REPRODUCE_KEYS", "DeviceUnavailable",
-           "resolve", "given_gpus", "nvml_free_memory", "describe", "deterministic",
-           "claim_first"]
+__all__ = ["DEVICES", "LOCK_DIR", "GPU_VARS", "REPRODUCE_KEYS", "JOBS_PER_GPU_VAR",
+           "DeviceUnavailable", "resolve", "jobs_per_gpu", "given_gpus", "nvml_free_memory",
+           "describe", "deterministic", "claim_first"]

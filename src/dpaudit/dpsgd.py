@@ -52,8 +52,10 @@ every iterate can compute.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
@@ -74,6 +76,12 @@ _TRUNC2_STD = 0.87962566103423978
 _INIT, _BATCH, _NOISE, _CANARY = 0, 1, 2, 3
 _STREAMS = 4
 _MIN_CHUNK_STEPS = 64
+#: Float32 matmul precisions of the trainer (:func:`matmul_precision`).
+PRECISIONS = ("fp32", "tf32")
+#: TF32 keeps 10 of float32's 23 fraction bits: each input of a TF32 product is within a
+#: relative 2^-10 of its float32 value, whether the hardware rounds to nearest or toward 0.
+TF32_REL = 2.0 ** -10
+_PRECISION = contextvars.ContextVar("dpaudit_matmul_precision", default="fp32")
 
 
 @dataclass(frozen=True)
@@ -616,6 +624,67 @@ class _CanaryHook:
                                           step.mul_(self.z_scale * self.mu).add_(self.log_in)))
 
 
+@contextmanager
+def matmul_precision(name: str):
+    """Within this scope the trainer computes its float32 matmuls in precision ``name``:
+    ``"fp32"`` (also the default outside any scope: exact float32 products, whatever torch's
+    global TF32 setting) or ``"tf32"`` (on CUDA, TensorFloat-32 tensor-core products of
+    float32 inputs rounded to 10 fraction bits, accumulated in float32; on the CPU, which
+    has none, the same as fp32).
+
+    Privacy under TF32. The per-example norms come from elementwise float32 squares of the
+    activations a and backprop signals g that the step uses (some of them outputs of TF32
+    products: any function of one example and the weights is fine); the clipped sum of a
+    layer, a^T (c * g), is a TF32 product whose inputs are rounded entrywise, each by a
+    relative 2^-10 at most (:data:`TF32_REL`), so example i adds the outer product of
+    vectors up to (1 + 2^-10) times longer than those its norm was computed from: up to
+    (1 + 2^-10)^2 C (biases are summed in float32). The trainer therefore clips to
+    C / (1 + 2^-10)^2 (0.2% less) under TF32, so that every example adds at most C, the
+    sensitivity the noise is calibrated to, to float32 rounding as in fp32 mode. Gradient
+    canaries are refused under TF32. docs/scale.md has the argument in full."""
+    if name not in PRECISIONS:
+        raise ValueError(f"matmul_precision={name!r}: must be one of {PRECISIONS}")
+    token = _PRECISION.set(name)
+    try:
+        yield
+    finally:
+        _PRECISION.reset(token)
+
+
+def _tf32(dev: torch.device) -> bool:
+    """Whether the trainer's products on ``dev`` are TF32 (:func:`matmul_precision`)."""
+    return dev.type == "cuda" and _PRECISION.get() == "tf32"
+
+
+def _clip_scale(dev: torch.device) -> float:
+    """The factor on every clipping norm: 1, or (1 + 2^-10)^-2 under TF32 (the margin for
+    the rounding of the clipped sum's inputs, :func:`matmul_precision`)."""
+    return (1 + TF32_REL) ** -2 if _tf32(dev) else 1.0
+
+
+@contextmanager
+def _cuda_matmuls(dev: torch.device):
+    """torch's CUDA float32 matmul setting as :func:`matmul_precision` says, restored on
+    exit (torch's newer per-backend setting; reading the legacy ``allow_tf32`` after it is
+    set raises)."""
+    mm = torch.backends.cuda.matmul
+    if dev.type != "cuda":
+        yield
+        return
+    want = "tf32" if _tf32(dev) else "ieee"
+    if hasattr(mm, "fp32_precision"):
+        saved, mm.fp32_precision = mm.fp32_precision, want
+    else:  # torch < 2.9
+        saved, mm.allow_tf32 = mm.allow_tf32, want == "tf32"
+    try:
+        yield
+    finally:
+        if hasattr(mm, "fp32_precision"):
+            mm.fp32_precision = saved
+        else:
+            mm.allow_tf32 = saved
+
+
 def _columns(cfg, noise_std) -> tuple[list[DPSGDConfig], list[float]]:
     """The columns (one DPSGDConfig each) and their noise stds; a ValueError unless they
     share what every column of one call must: epochs, batch size, learning rate, sampling."""
@@ -707,6 +776,9 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
                              "pass lr_schedule=None")
     if int(y.min()) < 0 or int(y.max()) >= model.n_classes:
         raise ValueError(f"train: labels must be in [0, {model.n_classes})")
+    if canaries is not None and _tf32(dev):
+        raise ValueError("canaries: train with matmul_precision('fp32') (TF32 would round "
+                         "the canaries and their scores)")
     dtype = X.dtype if X.is_floating_point() else torch.float32
     states = [_stream_states(s) for s in seeds]  # one spawn per seed, for every stream
     wide = _initial(model, cols, init, states, dev, dtype)
@@ -717,7 +789,8 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     sq_in = torch.linalg.vector_norm(X, dim=1).square_().add_(1)  # ||(x_i; 1)||^2, fixed
     batch_gens = [_generator(None, _BATCH, dev, st) for st in states]
     noise_gens = [_generator(None, _NOISE, dev, st) for st in states]
-    clip = torch.tensor([c.clip for c in cols], device=dev, dtype=dtype).view(M, 1)
+    clip = torch.tensor([c.clip * _clip_scale(dev) for c in cols], device=dev,
+                        dtype=dtype).view(M, 1)
 
     B, P, d = cfg.batch_size, model.n_params, model.in_dim
     step_size = cfg.lr / B
@@ -831,8 +904,9 @@ def train_with_noise_std(X: torch.Tensor, y: torch.Tensor, model: ModelSpec,
     and the hook leaves the trained models as they are without it.
     """
     cols, stds = _columns(cfg, noise_std)
-    out = _train(X, y, model, cols, stds, list(seeds), init, device, progress, canaries,
-                 lr_schedule, on_epoch)
+    with _cuda_matmuls(resolve(device)):
+        out = _train(X, y, model, cols, stds, list(seeds), init, device, progress, canaries,
+                     lr_schedule, on_epoch)
     return out[0] if isinstance(cfg, DPSGDConfig) and isinstance(out, list) else out
 
 
@@ -924,24 +998,28 @@ def step_bytes(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
 
 
 def seeds_per_call(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
-                   device=None, limit: int = 4096) -> int:
+                   device=None, limit: int = 4096, jobs_per_gpu: int = 1) -> int:
     """How many seeds to train per :func:`train` call of ``columns`` columns, at most
-    ``limit`` (e.g. the trials of a block).
+    ``limit`` (e.g. the trials left to train on one data set).
 
     CPU: enough that K x columns >= 32 models (batching amortises the per-step overhead;
-    benchmarks/bench_dpsgd.py). CUDA: as many as fit in half of the card's memory (the
-    workflow runs one training job per GPU), never more than 90% of what is free now, by
-    :func:`step_bytes`.
+    benchmarks/bench_dpsgd.py). CUDA: as many as fit, by :func:`step_bytes`, in this job's
+    share of half the card's memory, the card being shared by ``jobs_per_gpu`` training
+    jobs (the workflow's ``jobs_per_gpu``), and never more than 90% of what is free now.
     """
+    if isinstance(jobs_per_gpu, bool) or int(jobs_per_gpu) != jobs_per_gpu or jobs_per_gpu < 1:
+        raise ValueError(f"jobs_per_gpu={jobs_per_gpu!r}: must be an integer >= 1")
     dev = resolve(device)
     if dev.type != "cuda":
         return max(1, min(limit, math.ceil(32 / columns)))
     free, total = torch.cuda.mem_get_info(dev)
     per_seed = step_bytes(model, n, cfg, columns)
-    return int(max(1, min(limit, min(total // 2, int(0.9 * free)) // per_seed)))
+    budget = min(total // (2 * int(jobs_per_gpu)), int(0.9 * free))
+    return int(max(1, min(limit, budget // per_seed)))
 
 
 __all__ = ["ModelSpec", "DPSGDConfig", "Params", "init_params", "save_params", "load_params",
            "logits", "losses", "grad_norms", "train", "train_with_noise_std", "seeds_per_call",
            "step_bytes", "epoch_ends", "GradientCanaries", "CanaryRun", "flatten",
-           "last_iterate_scores", "dirac_canaries", "ARCHS", "SAMPLINGS", "INITS"]
+           "last_iterate_scores", "dirac_canaries", "matmul_precision", "ARCHS", "SAMPLINGS",
+           "INITS", "PRECISIONS", "TF32_REL"]

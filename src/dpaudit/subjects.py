@@ -95,19 +95,43 @@ def _train(X, y, seeds, spec, noise_std_of):
     return lambda x: dpsgd.logits(params, x, model)
 
 
+def _fixed_std(cfg, q, spec):
+    return cfg.noise_multiplier * cfg.clip
+
+
+def _buggy_std(cfg, q, spec):
+    return cfg.noise_multiplier * cfg.clip / cfg.batch_size
+
+
 def dpsgd_fixed(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict) -> Predict:
     """Correct DP-SGD: noise std ``sigma * C`` on the clipped sum (sensitivity C)."""
-    return _train(X, y, seeds, spec, lambda cfg, q, spec: cfg.noise_multiplier * cfg.clip)
+    return _train(X, y, seeds, spec, _fixed_std)
 
 
 def dpsgd_buggy(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict) -> Predict:
     """Backpropagation-Clipping bug: noise std ``sigma * C / B``, sensitivity divided by B."""
-    return _train(X, y, seeds, spec,
-                  lambda cfg, q, spec: cfg.noise_multiplier * cfg.clip / cfg.batch_size)
+    return _train(X, y, seeds, spec, _buggy_std)
 
 
 #: Named subjects of the case study.
 SUBJECTS: dict[str, TrainFn] = {"fixed": dpsgd_fixed, "buggy": dpsgd_buggy}
+_NOISE_STD = {dpsgd_fixed: _fixed_std, dpsgd_buggy: _buggy_std}
+
+
+def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
+                  seeds: Sequence[int], spec: dict) -> list[Predict] | None:
+    """The registry subjects ``fns`` trained with one ``spec`` as the columns of one wide
+    DP-SGD call (:func:`dpaudit.dpsgd.train_with_noise_std`): the runs of a seed share
+    their batches, noise draw and initialisation and differ only in the noise std, the
+    one thing the subjects differ in; what each would train alone, to float rounding
+    (other matmul shapes). One predict per subject; None unless every one of ``fns`` is
+    a registry subject."""
+    if not fns or not all(fn in _NOISE_STD for fn in fns):
+        return None
+    model, cfg, sigma, q, steps = _plan(X, y, spec)
+    stds = [_NOISE_STD[fn](cfg, q, spec) for fn in fns]
+    params = dpsgd.train_with_noise_std(X, y, model, [cfg] * len(fns), list(seeds), stds)
+    return [lambda x, p=p: dpsgd.logits(p, x, model) for p in params]
 
 
 def load_train_fn(target: str) -> TrainFn:
@@ -142,4 +166,4 @@ def claimed_noise_multiplier(spec: dict, n: int) -> float:
 
 
 __all__ = ["SUBJECTS", "SUBJECT_KEYS", "TrainFn", "Predict", "dpsgd_fixed", "dpsgd_buggy",
-           "load_train_fn", "claimed_noise_multiplier"]
+           "train_columns", "load_train_fn", "claimed_noise_multiplier"]

@@ -3,14 +3,20 @@ neighbouring pair (or of several), score them, and report progress.
 
 An experiment describes its sides (:class:`Side`: a name, the seeds of its trials and any
 columns to carry) and one function ``train_score(side, seeds) -> {statistic: array}`` that
-trains ``len(seeds)`` models at once and returns one value per model for each statistic;
-:func:`run` does the batching, the bookkeeping (trial index, seed) and the progress lines.
+trains ``len(seeds)`` models at once and returns one value (or one vector) per model for
+each statistic; :func:`run` does the batching, the bookkeeping (trial index, seed) and the
+progress lines. With a ``store`` folder each finished batch is kept there (:func:`keep`),
+so a rerun with the same key (an interrupted job, a timed-out cluster job) trains only
+the batches it lacks.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -31,31 +37,95 @@ TrainScore = Callable[[Side, list[int]], dict]
 
 def run(sides: Sequence[Side], train_score: TrainScore, batch: int,
         log: Callable[[str], None] | None = None, what: str = "",
-        every_s: float = 15.0) -> pd.DataFrame:
+        every_s: float = 15.0, store=None, key: dict | None = None) -> pd.DataFrame:
     """Every side's trials, ``batch`` models per call of ``train_score``: one row per model
     with the side's ``columns``, ``side``, ``trial`` (0.. within the side), ``seed`` and
     the statistics. ``log`` gets a progress line (models done, rate, time left) at most
-    every ``every_s`` seconds and at the end of each side."""
+    every ``every_s`` seconds and at the end of each side.
+
+    ``store`` (a folder): each batch is first looked up there (:func:`kept`: same ``key``,
+    side, trials and seeds) and trained only if it is not kept; a trained batch is kept
+    (:func:`keep`) as soon as it is scored, so an interrupted run loses at most one batch.
+    """
     if batch < 1:
         raise ValueError(f"batch={batch}: must be >= 1")
-    total, done = sum(len(s.seeds) for s in sides), 0
+    chunks = [(side, start, list(side.seeds[start:start + batch])) for side in sides
+              for start in range(0, len(side.seeds), batch)]
+    stats = [None if store is None else kept(store, key or {}, side, start, chunk)
+             for side, start, chunk in chunks]
+    total = sum(len(c) for (_, _, c), s in zip(chunks, stats) if s is None)
+    if log is not None and store is not None:
+        log(f"{what}{sum(len(c) for _, _, c in chunks) - total} models restored, "
+            f"{total} to train")
+    done, rows = 0, []
     t0 = last = time.perf_counter()
-    rows = []
-    for side in sides:
-        n = len(side.seeds)
-        for start in range(0, n, batch):
-            chunk = list(side.seeds[start:start + batch])
-            stats = train_score(side, chunk)
-            rows.append(pd.DataFrame({**side.columns, "side": side.name,
-                                      "trial": np.arange(start, start + len(chunk)),
-                                      "seed": chunk, **stats}))
+    for (side, start, chunk), got in zip(chunks, stats):
+        if got is None:
+            got = train_score(side, chunk)
+            if store is not None:
+                keep(store, key or {}, side, start, chunk, got)
             done += len(chunk)
             now = time.perf_counter()
-            if log is not None and (now - last >= every_s or start + batch >= n):
+            if log is not None and (now - last >= every_s or start + batch >= len(side.seeds)):
                 last, rate = now, done / max(now - t0, 1e-9)
                 log(f"{what}side {side.name}: {done}/{total} models, {rate:.2f} models/s, "
                     f"about {(total - done) / rate:.0f} s left")
+        rows.append(pd.DataFrame({**side.columns, "side": side.name,
+                                  "trial": np.arange(start, start + len(chunk)),
+                                  "seed": chunk, **got}))
     return pd.concat(rows, ignore_index=True)
 
 
-__all__ = ["Side", "run"]
+def _path(store, side: Side, start: int, count: int) -> Path:
+    name = re.sub(r"[^A-Za-z0-9]+", "_", side.name).strip("_")
+    return Path(store) / f"{name}_{start:06d}-{start + count:06d}.csv"
+
+
+def _norm(value):
+    """``value`` as JSON gives it back (what a kept block's provenance holds)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def keep(store, key: dict, side: Side, start: int, seeds: Sequence[int], stats: dict) -> None:
+    """Keep the statistics of the trials ``start, start + 1, ...`` (``seeds``) of ``side``
+    in ``store`` as one table (trial, seed, a column per statistic, ``name.j`` for entry j
+    of a vector), its provenance the ``key``, the side, the trials and each statistic's
+    width; written atomically (:func:`dpaudit.io.write_table`)."""
+    from .io import write_table
+
+    columns, widths = {}, {}
+    for name, values in stats.items():
+        arr = np.asarray([np.asarray(v) for v in values])
+        if arr.ndim not in (1, 2) or len(arr) != len(seeds):
+            raise ValueError(f"statistic {name!r}: one value or one vector per model "
+                             f"({len(seeds)}), got shape {arr.shape}")
+        widths[name] = 0 if arr.ndim == 1 else arr.shape[1]
+        columns.update({name: arr} if arr.ndim == 1 else
+                       {f"{name}.{j}": arr[:, j] for j in range(arr.shape[1])})
+    table = pd.DataFrame({"trial": np.arange(start, start + len(seeds)),
+                          "seed": np.asarray(seeds, np.int64), **columns})
+    write_table(table, _path(store, side, start, len(seeds)),
+                {"key": key, "side": side.name, "trials": [start, start + len(seeds)],
+                 "stats": widths})
+
+
+def kept(store, key: dict, side: Side, start: int, seeds: Sequence[int]) -> dict | None:
+    """The statistics :func:`keep` kept for these trials of ``side`` under ``key`` (vectors
+    as a list of arrays, one per model), or None if there are none (another key, side or
+    seeds, or no table)."""
+    from .io import read_table
+
+    try:
+        table, prov = read_table(_path(store, side, start, len(seeds)))
+    except (OSError, ValueError):
+        return None
+    if (prov.get("key"), prov.get("side"), prov.get("trials")) != \
+            (_norm(key), side.name, [start, start + len(seeds)]) \
+            or table.seed.tolist() != [int(s) for s in seeds]:
+        return None
+    return {name: table[name].to_numpy() if width == 0 else
+            list(table[[f"{name}.{j}" for j in range(width)]].to_numpy())
+            for name, width in prov["stats"].items()}
+
+
+__all__ = ["Side", "run", "keep", "kept"]

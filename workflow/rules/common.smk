@@ -46,14 +46,18 @@ os.environ.update(
     )
 )
 
-# Training asks for a GPU wherever the run has GPUs: those torch sees here, or a limit set
-# with `--resources gpu=N` (at most N training jobs at once).  A cluster profile sets that
-# limit, since the executor is not known yet when this file is read and the submitting
-# host often has no GPU: profiles/slurm a large one, profiles/slurm-cpu 0.  Without GPUs
-# the training jobs run as CPU jobs, as many at once as the cores allow.
+# Training asks for a GPU wherever the run has GPUs: `jobs_per_gpu` places on each GPU
+# torch sees here, or a limit set with `--resources gpu=N` (at most N training jobs at
+# once).  A cluster profile sets that limit, since the executor is not known yet when this
+# file is read and the submitting host often has no GPU: profiles/slurm a large one
+# (each SLURM job gets a GPU of its own), profiles/slurm-cpu 0.  Without GPUs the training
+# jobs run as CPU jobs, as many at once as the cores allow.  Jobs of a local run learn
+# how many share their card from DPAUDIT_JOBS_PER_GPU (dpaudit.device.jobs_per_gpu).
 if "gpu" not in workflow.global_resources:
-    workflow.register_resource("gpu", torch.cuda.device_count())
+    workflow.register_resource("gpu", torch.cuda.device_count() * config["jobs_per_gpu"])
 GPU_PER_JOB = 1 if workflow.global_resources["gpu"].value else 0
+if workflow.local_exec:
+    os.environ.update(DPAUDIT_JOBS_PER_GPU=str(config["jobs_per_gpu"]))
 
 
 def job_device(setting):

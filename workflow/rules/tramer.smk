@@ -24,6 +24,8 @@ rule tramer_audit:
         ),
         data=spec("data"),
         seed=config["seed"],
+        # Kept batches of runs: a rerun (a timed-out cluster job) trains only the rest.
+        store="results/tramer/trained/{name}",
     threads: 2
     resources:
         **job(
@@ -39,7 +41,7 @@ rule tramer_audit:
     shell:
         "logged {log} dpaudit tramer-audit --target {params.target} --spec {params.spec}"
         " --data {params.data} --seed {params.seed} --out {output.table}"
-        " --losses {output.losses}"
+        " --losses {output.losses} --store {params.store}"
 
 
 rule tramer_plot:

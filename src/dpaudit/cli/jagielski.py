@@ -22,7 +22,7 @@ from ..experiments.jagielski import AUDIT_KEYS, PAPER_TOL, TASK_KEYS, TRAIN_KEYS
 
 
 def _train_schema() -> dict:
-    node = subset_schema(TRAIN_KEYS[:4], "jagielski")
+    node = subset_schema(TRAIN_KEYS[:4] + TRAIN_KEYS[9:], "jagielski")
     per_dataset = section_schema("jagielski", "datasets", "fmnist")["properties"]
     node["properties"].update({k: per_dataset[k] for k in TRAIN_KEYS[4:8]})
     node["properties"]["noise"] = {
@@ -106,7 +106,7 @@ def _train(args) -> None:
     import torch
 
     from .. import dpsgd, features
-    from ..device import REPRODUCE_KEYS, describe
+    from ..device import REPRODUCE_KEYS, describe, jobs_per_gpu
     from ..experiments import jagielski
     from ..io import array_digest, write_table
 
@@ -132,7 +132,9 @@ def _train(args) -> None:
         init_sha = array_digest({f"{name}{i}": t for name, ts in (("W", init.W), ("b", init.b))
                                  for i, t in enumerate(ts)})
     device = resolve(args.device)
-    where = describe(device)
+    # The precision the products are computed in: TF32 exists on CUDA only.
+    where = {**describe(device), "matmul_precision": spec["matmul_precision"]
+             if device.type == "cuda" else "fp32"}
     # What every cell of a kept block shares; a block trained elsewhere (another device
     # kind or GPU model, torch version, trainer code) is trained again, so that a seed
     # gives the same model in every cell of a result.
@@ -166,7 +168,8 @@ def _train(args) -> None:
     scores = jagielski.run_group(
         task, args.attack, model, cfgs, spec["ks"], spec["trials"], args.seed,
         (args.dataset, args.arch), init, spec["clipbkd_d0"], args.block_trials, device, log,
-        None if save else args.store, key, cell_keys, keep if save else None)
+        None if save else args.store, key, cell_keys, keep if save else None,
+        precision=spec["matmul_precision"], jobs_per_gpu=jobs_per_gpu())
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for cid, table in scores.items():
         out = args.out_dir / f"{cid}.csv"

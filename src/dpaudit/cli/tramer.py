@@ -96,16 +96,20 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
 
 
 def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Path,
-         losses_path: Path | None, provenance: dict) -> None:
-    """Train, audit and write the two tables of a checked ``plan``."""
+         losses_path: Path | None, provenance: dict, store: Path | None = None) -> None:
+    """Train, audit and write the two tables of a checked ``plan``; with ``store``, keep
+    each implementation's batches of runs in ``store/<implementation>`` (the registry
+    subjects of one spec trained as columns of the same calls)."""
+    import re
+
     import pandas as pd
     import torch
 
-    from .. import canaries
-    from ..device import describe
+    from .. import canaries, subjects
+    from ..device import REPRODUCE_KEYS, describe
     from ..experiments import tramer
     from ..data import load_fmnist
-    from ..io import write_table
+    from ..io import array_digest, write_table
 
     X, y = load_fmnist(root, classes=plan["classes"], download=download)
     n_train = plan["n_train"]
@@ -117,13 +121,30 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     test = tuple(torch.as_tensor(a) for a in load_fmnist(root, classes=plan["classes"],
                                                          train=False, download=download))
     canary = canaries.make_canary(canary_kind, X, y, plan["label"])
+    kept = {}
+    if store is not None:  # what a kept batch of runs depends on, per implementation
+        common = {"seed": seed, "data_sha256": array_digest({"X": X, "y": y}),
+                  "canary": [canary_kind, plan["label"]], "trainer": tramer.trainer_digest(),
+                  "device": {k: describe()[k] for k in REPRODUCE_KEYS}}
+        # Only the registry subjects (the digest does not cover a user's code); those of
+        # one spec train as columns of one call, which the key names (a column's models
+        # equal a subject's alone to float rounding only).
+        registry = [(t, s) for t, fn, s in plan["plans"] if fn in subjects.SUBJECTS.values()]
+        kept = {target: (fn, store / re.sub(r"[^A-Za-z0-9]+", "_", target),
+                         {"implementation": target, "spec": spec, **common,
+                          "columns": sorted(t for t, s in registry if s == spec)})
+                for target, fn, spec in plan["plans"] if (target, spec) in registry}
     rows, losses = [], []
     for target, fn, spec in plan["plans"]:
+        _, where, key = kept.get(target, (fn, None, None))
+        # Trained beside it where both are registry subjects (subjects.train_columns).
+        together = {t: kept[t] for t, _, s in plan["plans"] if t != target and t in kept
+                    and s == spec}
         row, loss = tramer.audit_implementation(
             fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"], plan["val_runs"], spec,
             seed, plan["alpha"], plan["batch_runs"],
             progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr),
-            test=test)
+            test=test, store=where, key=key, together=together)
         print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
               f"{row['eps_lb']:.3f} (claimed {plan['eps']:g}): {row['verdict']}; test "
               f"accuracy {row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
@@ -152,7 +173,7 @@ def _audit_impl(args) -> None:
     provenance = {"command": "audit-impl", "spec": args.spec, "seed": args.seed,
                   "args": {k: v for k, v in vars(args).items() if k != "func"}}
     _run(plan, args.canary, args.data_root, args.download, args.seed, args.out, args.losses,
-         provenance)
+         provenance, args.store)
 
 
 def _tramer_audit(args) -> None:
@@ -174,7 +195,7 @@ def _tramer_audit(args) -> None:
     provenance = {"command": "tramer-audit", "target": args.target, "spec": sec, "data": data,
                   "seed": args.seed}
     _run(plan, claim["canary"], data["root"], data["download"], args.seed, args.out,
-         args.losses, provenance)
+         args.losses, provenance, args.store)
 
 
 def _reaudit(args) -> None:
@@ -256,6 +277,10 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="audit table CSV")
     p.add_argument("--losses", type=Path, default=None,
                    help="per-run canary losses CSV (default: OUT with suffix _losses)")
+    p.add_argument("--store", type=Path, default=None,
+                   help="folder that keeps every finished batch of runs of the registry "
+                        "subjects (buggy, fixed), so that a rerun trains only what it lacks; "
+                        "the subjects of one spec train as columns of the same calls")
     p.set_defaults(func=_audit_impl)
 
     p = subparsers.add_parser(
@@ -269,6 +294,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, required=True, help="master seed of the runs")
     p.add_argument("--out", type=Path, required=True, help="audit table CSV")
     p.add_argument("--losses", type=Path, required=True, help="per-run canary losses CSV")
+    p.add_argument("--store", type=Path, default=None,
+                   help="folder that keeps every finished batch of runs of the registry "
+                        "subjects (buggy, fixed), so that a rerun trains only what it lacks; "
+                        "the subjects of one spec train as columns of the same calls")
     p.set_defaults(func=_tramer_audit)
 
     p = subparsers.add_parser(

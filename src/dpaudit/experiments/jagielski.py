@@ -50,9 +50,11 @@ DATASETS = ("fmnist", "cifar")
 #: Statistic columns of a score table, by attack (the first is the attack's primary one).
 STATISTICS = {"mi": ("mi",), "backdoor": ("backdoor",), "clipbkd": ("clipbkd", "clipbkd_logit")}
 #: Keys of ``jagielski-train --spec``: what a job's models depend on (the rule passes only
-#: these; ``noise``: the multiplier of each eps label the job trains).
+#: these; ``noise``: the multiplier of each eps label the job trains; ``matmul_precision``
+#: from the ``jagielski`` section, the rest before ``hidden`` too, the others from the data
+#: set's).
 TRAIN_KEYS = ("trials", "ks", "sampling", "clipbkd_d0", "epochs", "batch_size", "lr", "hidden",
-              "noise")
+              "noise", "matmul_precision")
 #: Keys of a data set's section that its task depends on (``jagielski-task --spec``).
 TASK_KEYS = ("clipbkd_norm", "pretrain_epochs", "pretrain_images")
 #: Keys of ``jagielski-audit --spec``.
@@ -375,7 +377,8 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
               log: Callable[[str], None] | None = None, store=None, key: dict | None = None,
               cell_keys: dict[str, dict] | None = None,
               on_trained: Callable[[str, int, dict], None] | None = None,
-              every_s: float = 15.0) -> dict[str, pd.DataFrame]:
+              every_s: float = 15.0, precision: str = "fp32", jobs_per_gpu: int = 1,
+              per_call: int | None = None) -> dict[str, pd.DataFrame]:
     """Train and score every cell of a group (one column per cell) on each side of
     ``attack``, ``trials`` models per side and cell.
 
@@ -384,12 +387,23 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
     trial's seed is the same in every cell, so one wide call (:func:`dpaudit.dpsgd.train`)
     trains all of them on one gather of each batch. Trials go in blocks of ``block``
     (trials [0, block), [block, 2 block), ...); with ``store`` (a folder), each finished
-    block of a side is written there as one table (rows: cell, trial, seed, statistics)
-    with provenance ``key`` (what every cell shares: spec, seed, task, device, trainer)
-    and each cell's ``cell_keys`` entry (its noise, init), and a block kept there with the
-    same key gives back the cells it holds with the same cell key: a rerun trains only the
-    missing cells of each block, an interrupted job loses at most the block it was in.
-    ``on_trained(side, start, {cell: Params})`` sees every trained call's models.
+    block of a side is written there as one table (rows: cell, trial, seed, statistics;
+    cell by cell, trial by trial) with provenance ``key`` (what every cell shares: spec,
+    seed, task, device, trainer) and each cell's ``cell_keys`` entry (its noise, init), and
+    a block kept there with the same key gives back the cells it holds with the same cell
+    key: a rerun trains only the missing cells of each block, an interrupted job loses at
+    most the blocks of the call it was in. ``on_trained(side, start, {cell: Params})`` sees
+    every trained call's models.
+
+    Calls: the blocks of a side that lack the same cells are trained together, ``per_call``
+    seeds per call (default :func:`dpaudit.dpsgd.seeds_per_call`: as many as the device's
+    memory holds, a GPU being shared by ``jobs_per_gpu`` jobs), a call spanning several
+    blocks or part of one. With "shuffle" sampling every model is the same bit for bit
+    whatever the calls (a seed's batches and draws are its own, and each model's products
+    are computed alone); "poisson" pads each step's batches to the call's largest, which
+    changes the float summation order, so there a call never spans two blocks (as the
+    blocks' layout, kept in the restore key, fixes them). ``precision``: the matmul
+    precision of training (:func:`dpaudit.dpsgd.matmul_precision`).
 
     Returns {cell id: one row per model: side, label, k, trial, seed, the statistics and
     the test accuracy}.
@@ -400,6 +414,9 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
 
     say = log or (lambda msg: None)
     cell_keys = cell_keys or {c: {} for c in cells}
+    if per_call is not None and (isinstance(per_call, bool) or int(per_call) != per_call
+                                 or per_call < 1):
+        raise ValueError(f"per_call={per_call!r}: must be an integer >= 1 or None")
     plan = []
     for side, label, k, (X, y) in sides(task, attack, ks, clipbkd_d0):
         X, y = torch.as_tensor(X), torch.as_tensor(y)  # once per side, for all its blocks
@@ -415,39 +432,62 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
     restored = sum(len(p[5]) * len(cells) for p in plan) - total
     say(f"{attack}: {len(cells)} cells x {len(plan)} blocks of trials: {restored} models "
         f"restored, {total} to train")
-    out: dict[str, list] = {c: [] for c in cells}
+    span = next(iter(cells.values())).sampling == "shuffle"
+    tables: list[pd.DataFrame | None] = [None] * len(plan)
     done, t0 = 0, time.perf_counter()
     last = t0
-    for side, label, k, X, y, block_seeds, start, path, kept, todo in plan:
-        rows = [kept.drop(columns="_key")] if not kept.empty else []
-        if todo:
-            cfgs = [cells[c] for c in todo]
-            per_call = dpsgd.seeds_per_call(model, len(X), cfgs[0], len(todo), device,
-                                            limit=len(block_seeds))
-            for i in range(0, len(block_seeds), per_call):
-                chunk = block_seeds[i:i + per_call]
+    i = 0
+    while i < len(plan):
+        side, label, k, X, y, _, first, _, kept, todo = plan[i]
+        j = i + 1
+        if not todo:
+            tables[i] = kept.drop(columns="_key")
+            i = j
+            continue
+        while span and j < len(plan) and plan[j][0] == side and plan[j][9] == todo:
+            j += 1
+        run_seeds = [s for p in plan[i:j] for s in p[5]]
+        cfgs = [cells[c] for c in todo]
+        K = per_call or dpsgd.seeds_per_call(model, len(X), cfgs[0], len(todo), device,
+                                             limit=len(run_seeds), jobs_per_gpu=jobs_per_gpu)
+        scored, pending = [], list(range(i, j))
+        for at in range(0, len(run_seeds), K):
+            chunk = run_seeds[at:at + K]
+            with dpsgd.matmul_precision(precision):
                 trained = dpsgd.train(X, y, model, cfgs, chunk, init=init, device=device)
-                if on_trained is not None:
-                    on_trained(side, start + i, dict(zip(todo, trained)))
-                rows += [_block_rows(side, start + i, chunk, c,
-                                     score_models(p, model, task, attack))
-                         for c, p in zip(todo, trained)]
-            table = pd.concat(rows, ignore_index=True)
-            if path is not None:
-                held = {c: cell_keys[c] for c in todo}
-                if not kept.empty:
-                    held = {**dict(zip(kept.cell, kept._key)), **held}
-                write_table(table, path, {"key": key or {}, "cells": held, "side": side,
-                                          "trials": [start, start + len(block_seeds)]})
-            done += len(block_seeds) * len(todo)
-            now = time.perf_counter()
-            if now - last >= every_s or done == total:
-                last, rate = now, done / max(now - t0, 1e-9)
-                say(f"{attack} side {side}, trials {start}-{start + len(block_seeds) - 1}: "
-                    f"{done}/{total} models, {rate:.2f} models/s, about "
-                    f"{(total - done) / rate:.0f} s left")
-        else:
-            table = rows[0]
+            if on_trained is not None:
+                on_trained(side, first + at, dict(zip(todo, trained)))
+            scored += [_block_rows(side, first + at, chunk, c,
+                                   score_models(p, model, task, attack))
+                       for c, p in zip(todo, trained)]
+            trained_to = first + at + len(chunk)  # trials [first, trained_to) are scored
+            while pending and plan[pending[0]][6] + len(plan[pending[0]][5]) <= trained_to:
+                b = pending.pop(0)
+                _, _, _, _, _, block_seeds, start, path, kept, _ = plan[b]
+                rows = pd.concat(scored, ignore_index=True)
+                mine = rows.trial.between(start, start + len(block_seeds) - 1)
+                order = rows[mine].assign(_c=rows.cell.map(todo.index)).sort_values(
+                    ["_c", "trial"], kind="stable").drop(columns="_c")
+                table = pd.concat(([kept.drop(columns="_key")] if not kept.empty else [])
+                                  + [order], ignore_index=True)
+                scored = [rows[~mine]]
+                if path is not None:
+                    held = {c: cell_keys[c] for c in todo}
+                    if not kept.empty:
+                        held = {**dict(zip(kept.cell, kept._key)), **held}
+                    write_table(table, path, {"key": key or {}, "cells": held, "side": side,
+                                              "trials": [start, start + len(block_seeds)]})
+                tables[b] = table
+                done += len(block_seeds) * len(todo)
+                now = time.perf_counter()
+                if now - last >= every_s or done == total:
+                    last, rate = now, done / max(now - t0, 1e-9)
+                    say(f"{attack} side {side}, trials {start}-{start + len(block_seeds) - 1}: "
+                        f"{done}/{total} models, {rate:.2f} models/s, about "
+                        f"{(total - done) / rate:.0f} s left")
+        i = j
+    out: dict[str, list] = {c: [] for c in cells}
+    for (side, label, k, *_), table in zip(plan, tables):
         for c in cells:
             part = table[table.cell == c].drop(columns="cell").sort_values("trial")
             out[c].append(part.assign(label=label, k=k))

@@ -47,7 +47,7 @@ import pandas as pd
 import torch
 from scipy import optimize
 
-from .. import bounds, canaries, seeds
+from .. import bounds, canaries, seeds, subjects, trials
 from ..trials import Side, run as run_trials
 from ..canaries import Canary
 
@@ -76,6 +76,31 @@ def run_seeds(seed: int, split: str, canary_in: bool, count: int) -> list[int]:
     return seeds.int_seeds(count, int(seed), f"tramer/{split}/{'in' if canary_in else 'out'}")
 
 
+def _with_canary(X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
+                 insert_label: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training data, with (x, insert_label) appended once unless the label is None."""
+    if insert_label is None:
+        return X, y
+    return (torch.cat([X, x[None].to(X.dtype)]),
+            torch.cat([y, torch.tensor([insert_label], dtype=y.dtype)]))
+
+
+def trainer_digest() -> str:
+    """SHA-256 of the code that turns a run's seed into its statistics (the trainer, the
+    subjects, the canaries, the seed derivation, the trials loop and this module): kept
+    batches of runs are reused only under the same digest."""
+    import hashlib
+    import inspect
+    import sys
+
+    from .. import dpsgd
+
+    h = hashlib.sha256()
+    for module in (dpsgd, subjects, canaries, seeds, trials, sys.modules[__name__]):
+        h.update(inspect.getsource(module).encode())
+    return h.hexdigest()
+
+
 def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
                seeds: Sequence[int], spec: dict, insert_label: int | None = None,
                test: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
@@ -87,9 +112,7 @@ def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
     NaN outputs (a diverged run) become -inf log-probabilities, i.e. infinite loss: a
     fixed decision; a test prediction with a non-finite logit counts as wrong.
     """
-    if insert_label is not None:
-        X = torch.cat([X, x[None].to(X.dtype)])
-        y = torch.cat([y, torch.tensor([insert_label], dtype=y.dtype)])
+    X, y = _with_canary(X, y, x, insert_label)
     predict = train_fn(X, y, list(seeds), spec)
 
     def logits_of(rows: torch.Tensor) -> torch.Tensor:
@@ -225,7 +248,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                          claimed_eps: float, delta: float, runs: int, val_runs: int,
                          spec: dict, seed: int, alpha: float = ALPHA, batch_runs: int = 1000,
                          progress: Progress | None = None,
-                         test: tuple[torch.Tensor, torch.Tensor] | None = None
+                         test: tuple[torch.Tensor, torch.Tensor] | None = None, store=None,
+                         key: dict | None = None, together: dict | None = None
                          ) -> tuple[dict, pd.DataFrame]:
     """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
 
@@ -236,6 +260,16 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     ``test = (X_test, y_test)`` every model's accuracy on it is recorded too: ``test_acc``
     in the losses, its mean, min and max over all runs in the row
     (:func:`accuracy_columns`).
+
+    ``store`` (a folder): each batch of ``batch_runs`` runs is kept there under ``key``
+    (what the runs depend on: implementation, spec, seed, data, device, trainer; the
+    canary label is added for the runs with the canary) and a rerun restores it instead
+    of training (:func:`dpaudit.trials.run`).  ``together``: {name: (train_fn, store,
+    key)} of other implementations audited with the same spec; where
+    :func:`dpaudit.subjects.train_columns` can train them beside this one (registry
+    subjects), every batch trains them all as the columns of one call and keeps their
+    statistics in their stores under their keys, where their own audit finds them (with
+    the same canary label) instead of training.
     """
     if runs < 1 or val_runs < 1:
         raise ValueError("runs and val_runs must be >= 1")
@@ -246,21 +280,41 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                     run_seeds(seed, split, canary_in, n),
                     {"split": split, "canary_in": canary_in})
 
+    together = together or {}
+
+    def keyed(base: dict | None, canary_in: bool) -> dict:
+        return {**(base or {}), "test_acc": test is not None,
+                **({"canary_label": int(label)} if canary_in else {})}
+
     def train_score(side: Side, chunk: list[int]) -> dict:
         insert = label if side.columns["canary_in"] else None
-        return {k: list(v) for k, v in train_runs(train_fn, X, y, canary.x, chunk, spec,
-                                                  insert, test).items()}
+        fns = {None: train_fn}
+        if together:  # the others as columns of the same call, when they can be
+            trained = subjects.train_columns(
+                [train_fn] + [fn for fn, _, _ in together.values()],
+                *_with_canary(X, y, canary.x, insert), chunk, spec)
+            if trained is not None:
+                fns = {name: lambda *_, p=p: p for name, p in zip([None, *together], trained)}
+        stats = {name: {k: list(v) for k, v in train_runs(fn, X, y, canary.x, chunk, spec,
+                                                          insert, test).items()}
+                 for name, fn in fns.items()}
+        for name, (_, other_store, other_key) in together.items():
+            if name in stats:
+                trials.keep(other_store, keyed(other_key, insert is not None), side,
+                            list(side.seeds).index(chunk[0]), chunk, stats[name])
+        return stats[None]
 
     log = progress
     # Without the canary first: its validation runs choose the label (when not given).
     out = run_trials([side("validation", False, val_runs), side("evaluation", False, runs)],
-                     train_score, batch_runs, log)
+                     train_score, batch_runs, log, store=store, key=keyed(key, False))
     if label is None:
         label = canaries.least_likely_label(
             np.stack(out[out.split == "validation"].log_prob.to_numpy()))
     out = pd.concat([out, run_trials([side("validation", True, val_runs),
                                       side("evaluation", True, runs)],
-                                     train_score, batch_runs, log)], ignore_index=True)
+                                     train_score, batch_runs, log, store=store,
+                                     key=keyed(key, True))], ignore_index=True)
     out["loss"] = [-lp[label] for lp in out.log_prob]
     keep = ["split", "canary_in", "run", "seed", "loss"] + (["test_acc"] if test is not None else [])
     out = out.rename(columns={"trial": "run"})[keep]
@@ -336,6 +390,6 @@ def compare_retrained(losses: pd.DataFrame, retrained: pd.DataFrame) -> pd.DataF
 
 
 __all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "SPEC_KEYS", "GROUPS", "OWN_RUNS",
-           "run_seeds", "train_runs", "accuracy_columns", "mu_claimed", "audit_counts",
+           "run_seeds", "trainer_digest", "train_runs", "accuracy_columns", "mu_claimed", "audit_counts",
            "audit_losses", "audit_loss_table", "max_eps_lb", "min_runs",
            "audit_implementation", "reaudit", "compare_retrained"]
