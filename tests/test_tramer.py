@@ -182,7 +182,7 @@ def test_buggy_violates_its_claim_and_fixed_does_not():
     """
     X, y = _image_like()
     spec = {"epochs": 10, "batch_size": 400, "lr": 4000.0, "clip": 0.01, "eps": EPS,
-            "delta": DELTA, "n": len(X)}
+            "delta": DELTA, "n": len(X), "device": "cpu"}
     canary = canaries.make_canary("checkerboard", X, y)
     rows = {}
     for name in ("buggy", "fixed"):
