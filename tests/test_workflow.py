@@ -98,6 +98,28 @@ def test_bad_config_stops_naming_the_key(tmp_path, path, value, words):
         assert word in out.stdout + out.stderr
 
 
+def test_nested_config_values_given_as_text_are_read_as_the_schema_wants(tmp_path):
+    """Snakemake reads every value inside a nested `--config` entry as text; numbers and
+    booleans are read as such where the schema wants them, strings it accepts stay."""
+    from snakemake.cli import parse_config
+
+    from dpaudit.config import typed_from_text, validate_section
+
+    given = parse_config(["jagielski={trials: 6, ks: [1, 2], fig2: {eps: [4, inf]}}",
+                          "onerun={compare_many_model: false, beta: 1e-2}"])
+    assert given["jagielski"]["trials"] == "6"  # Snakemake's reading
+    cfg = typed_from_text(merged(load("quick.yaml"), given))
+    validate_section(cfg)
+    assert cfg["jagielski"]["trials"] == 6 and cfg["jagielski"]["ks"] == [1, 2]
+    assert cfg["jagielski"]["fig2"]["eps"] == ["4", "inf"]  # eps labels are strings
+    assert cfg["onerun"]["compare_many_model"] is False and cfg["onerun"]["beta"] == 0.01
+    # the workflow reads them so too: a value out of range is named as the number it is
+    out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--config",
+                    "jagielski={trials: 3}")
+    assert out.returncode != 0
+    assert "config.jagielski.trials=3: 3 is less than the minimum of 4" in out.stdout + out.stderr
+
+
 def test_reference_tables_are_read_from_the_repository_whatever_the_directory(tmp_path):
     """The default `reference_dir` is relative to the repository, not to --directory (a
     dry run names the input, or reports it missing while no GPU run has filled it)."""

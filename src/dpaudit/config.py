@@ -78,6 +78,38 @@ def validate_section(spec, *path: str, schema_node: dict | None = None):
     return spec
 
 
+def typed_from_text(config: dict, *path: str) -> dict:
+    """``config`` (the section at ``path``) with, in place, every string where the schema
+    wants a number, boolean or null replaced by its text read as one (a number out of
+    range then fails validation as that number): Snakemake reads every value inside a
+    nested ``--config`` entry as text (``--config jagielski='{trials: 3}'`` gives
+    ``{"trials": "3"}``). A string the schema accepts is left alone (an eps label ``"8"``,
+    a path)."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(section_schema(*path) if path else schema())
+    while True:
+        fixes = []
+        for err in validator.iter_errors(config):
+            if isinstance(err.instance, str) and err.absolute_path:
+                for read in (int, float, yaml.safe_load):
+                    try:
+                        value = read(err.instance)
+                    except (ValueError, yaml.YAMLError):
+                        continue
+                    kinds = Draft202012Validator(err.schema).iter_errors(value)
+                    if not isinstance(value, str) and all(e.validator != "type" for e in kinds):
+                        fixes.append((list(err.absolute_path), value))
+                        break
+        if not fixes:
+            return config
+        for keys, value in fixes:
+            node = config
+            for key in keys[:-1]:
+                node = node[key]
+            node[keys[-1]] = value
+
+
 def _kind(node: dict) -> str:
     if "const" in node:
         return f"`{node['const']}`"
