@@ -120,6 +120,17 @@ def test_nested_config_values_given_as_text_are_read_as_the_schema_wants(tmp_pat
     assert "config.jagielski.trials=3: 3 is less than the minimum of 4" in out.stdout + out.stderr
 
 
+def test_missing_data_stops_with_the_fix_in_the_terminal(tmp_path):
+    """Offline without a local copy: the data job fails, and the terminal (not only its
+    log) says which config keys to set and where the docs explain it."""
+    out = snakemake("results/data/cifar.csv", "--cores", "1", "--directory", str(tmp_path),
+                    "--config", f"data={{root: {tmp_path / 'empty'}, download: false}}")
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    for words in ("CIFAR-10 not found", "data.cifar10_tarball", "docs/data.md, section Offline"):
+        assert words in text, words
+
+
 def test_reference_tables_are_read_from_the_repository_whatever_the_directory(tmp_path):
     """The default `reference_dir` is relative to the repository, not to --directory (a
     dry run names the input, or reports it missing while no GPU run has filled it)."""
