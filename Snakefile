@@ -57,6 +57,7 @@ include: "workflow/rules/jagielski.smk"
 include: "workflow/rules/trials_needed.smk"
 include: "workflow/rules/onerun.smk"
 include: "workflow/rules/tramer.smk"
+include: "workflow/rules/report.smk"
 
 
 # Defined here, not in an included file: an included file's default target is dropped.
