@@ -73,10 +73,11 @@ def _wrap(label: str, width: int) -> str:
     return "\n".join(lines)
 
 
-def legend_below(fig, axes, handles, labels, ncol: int = 2, **kw):
+def legend_below(fig, axes, handles, labels, ncol: int = 2, title: str | None = None, **kw):
     """``fig.legend`` centred under ``axes`` and no wider than they are (with their tick
-    and axis labels): labels are wrapped at spaces until it fits, so that a figure saved
-    with a tight bounding box keeps its panels at its full width. ``kw`` goes to
+    and axis labels): labels and ``title`` are wrapped at spaces until it fits, in fewer
+    columns where a column would get narrower than about 28 characters, so that a figure
+    saved with a tight bounding box keeps its panels at its full width. ``kw`` goes to
     ``fig.legend``."""
     axes = list(getattr(axes, "flat", axes))
     renderer = fig.canvas.get_renderer()
@@ -85,18 +86,25 @@ def legend_below(fig, axes, handles, labels, ncol: int = 2, **kw):
         left, right = min(b.x0 for b in boxes), max(b.x1 for b in boxes)
         bottom = min(b.y0 for b in boxes)
         anchor = fig.transFigure.inverted().transform([((left + right) / 2, bottom)])[0]
-        text, legend = list(labels), None
-        for _ in range(8):
+        text, head, legend = list(labels), title, None
+        for _ in range(12):
             if legend is not None:
                 legend.remove()
-            legend = fig.legend(handles, text, loc="upper center", ncol=ncol,
+            legend = fig.legend(handles, text, loc="upper center", ncol=ncol, title=head,
                                 bbox_to_anchor=tuple(anchor), **kw)
             wide = legend.get_window_extent(renderer).width
             if wide <= right - left:
                 break
-            longest = max(_shown_length(line) for t in text for line in t.split("\n"))
-            width = max(12, int(longest * (right - left) / wide * 0.95))
-            text = [_wrap(label, width) for label in labels]
+            shrink = 0.95 * (right - left) / wide
+            width = int(shrink * max(_shown_length(line)
+                                     for t in text for line in t.split("\n")))
+            if width < 28 and ncol > 1:  # too narrow: one column fewer, labels whole again
+                ncol, text, head = ncol - 1, list(labels), title
+                continue
+            text = [_wrap(label, max(width, 12)) for label in labels]
+            if head:
+                longest = max(map(_shown_length, head.split("\n")))
+                head = _wrap(title, max(12, int(shrink * longest)))
     return legend
 
 
