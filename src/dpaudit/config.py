@@ -113,9 +113,10 @@ def typed_from_text(config: dict, *path: str) -> dict:
 def results_mismatch(config: dict, tables: dict) -> list[str]:
     """Where the result tables at hand were made with other values than ``config``'s, one
     line per key and value (``jagielski.trials: 40 in results/jagielski_fig2.csv, 1000 in
-    this config``, naming the first table). ``tables``: {path: (its config section, dotted; {column: key of that
-    section})}. Of each table that exists: the provenance's seed, every key its recorded
-    spec shares with the section, and the largest value of each named column."""
+    this config``, naming the first table). ``tables``: {path: (its config section,
+    dotted; {column: key of that section})}. Of each table that exists: the provenance's
+    seed, every key its recorded spec shares with the section, and the largest value of
+    each named column."""
     import json
 
     from .io import read_provenance, read_table
@@ -130,12 +131,12 @@ def results_mismatch(config: dict, tables: dict) -> list[str]:
             section = section[key]
         made = read_provenance(path)
         recorded = {"seed": (made.get("seed"), config["seed"])}
-        recorded.update({f"{dotted}.{k}": (v, section[k]) for k, v in made.get("spec", {}).items()
-                         if k in section})
+        recorded.update({f"{dotted}.{k}": (v, section[k])
+                         for k, v in made.get("spec", {}).items() if k in section})
         if columns:
             rows = read_table(path)[0]
             recorded.update({f"{dotted}.{key}": (rows[col].max().item(), section[key])
-                             for col, key in columns.items()})
+                             for col, key in columns.items() if col in rows})
         found += [(key, norm(was), norm(now), path) for key, (was, now) in recorded.items()
                   if norm(was) != norm(now)]
     first = {}  # one line per key and value, naming the first table that holds it
