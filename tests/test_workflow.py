@@ -253,9 +253,10 @@ def _tiny_config(data: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    """One run of the whole DAG at :func:`_tiny_config`, which the tests marked
-    ``xdist_group("tiny_run")`` share (one worker runs them all, so it is made once); they
-    only read it (a test that reruns jobs works on a copy)."""
+    """One run of the whole DAG at :func:`_tiny_config`, shared by the tests of
+    :class:`TestTinyRun` (pytest-xdist's ``--dist loadscope``, in pyproject.toml, runs a
+    class in one worker, so the run is made once); they only read it (a test that reruns
+    jobs works on a copy)."""
     run = tmp_path_factory.mktemp("tiny_run")
     _fake_image_data(run / "data")
     cfg = _tiny_config(run / "data")
@@ -267,128 +268,134 @@ def tiny_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("tiny_run")
-def test_report_holds_every_figure_with_its_caption(tiny_run, tmp_path):
-    """`--report report.zip` after the run: every figure of `all` (and Table 2 as an HTML
-    table) is in it, with its caption rendered from the config, and no markup warning.
-    The captions quote the config, so a config other than the run's is refused."""
-    run = tiny_run.dir
-    out = snakemake("--report", str(tmp_path / "report.zip"), "--directory", str(run),
-                    "--configfile", str(tiny_run.conf))
-    assert out.returncode == 0, out.stderr[-3000:]
-    # docutils' system messages (e.g. a duplicate link target), in the terminal and the page
-    messages = re.findall(r".*\((?:INFO|WARNING|ERROR|SEVERE)/\d\).*", out.stdout + out.stderr)
-    assert not messages, messages
-    with zipfile.ZipFile(tmp_path / "report.zip") as zf:
-        names = zf.namelist()
-        index = next(zf.read(n).decode() for n in names if n.endswith("report.html"))
-    assert "system-message" not in index and "Duplicate explicit target" not in index
-    figures = sorted(p.name for p in (run / "figures").glob("*.png"))
-    assert len(figures) == 11
-    for name in figures + ["jagielski_table2.html"]:
-        assert any(n.endswith("/" + name) for n in names), name
-    assert "<table" in (run / "results/jagielski_table2.html").read_text()
-    # captions are rendered with the config: the tiny run's 8 trials, its Tramer claim
-    assert "8 trials per side" in index and "0.21" in index
-    assert "How to read a bound" in index
+class TestTinyRun:
+    """The report and the Jagielski grids, read from one tiny run of the whole DAG."""
 
-    out = snakemake("--report", str(tmp_path / "other.zip"), "--directory", str(run),
-                    "--configfile", str(tiny_run.conf), "--config", "jagielski={trials: 40}")
-    assert out.returncode != 0 and not (tmp_path / "other.zip").exists()
-    differ = re.findall(r"^  (\S.* in this config)$", out.stdout + out.stderr, re.M)
-    assert differ == ["jagielski.trials: 8 in results/jagielski_fig2.csv, 40 in this config"]
-    assert "--configfile" in out.stdout + out.stderr
+    def test_report_holds_every_figure_with_its_caption(self, tiny_run, tmp_path):
+        """`--report report.zip` after the run: every figure of `all` (and Table 2 as an
+        HTML table) is in it, with its caption rendered from the config, and no markup
+        warning. The captions quote the config, so a config other than the run's is
+        refused."""
+        run = tiny_run.dir
+        out = snakemake("--report", str(tmp_path / "report.zip"), "--directory", str(run),
+                        "--configfile", str(tiny_run.conf))
+        assert out.returncode == 0, out.stderr[-3000:]
+        # docutils' system messages (a duplicate link target, ...): terminal and page
+        messages = re.findall(r".*\((?:INFO|WARNING|ERROR|SEVERE)/\d\).*",
+                              out.stdout + out.stderr)
+        assert not messages, messages
+        with zipfile.ZipFile(tmp_path / "report.zip") as zf:
+            names = zf.namelist()
+            index = next(zf.read(n).decode() for n in names if n.endswith("report.html"))
+        assert "system-message" not in index and "Duplicate explicit target" not in index
+        figures = sorted(p.name for p in (run / "figures").glob("*.png"))
+        assert len(figures) == 11
+        for name in figures + ["jagielski_table2.html"]:
+            assert any(n.endswith("/" + name) for n in names), name
+        assert "<table" in (run / "results/jagielski_table2.html").read_text()
+        # captions are rendered with the config: the tiny run's 8 trials, its Tramer claim
+        assert "8 trials per side" in index and "0.21" in index
+        assert "How to read a bound" in index
 
+        out = snakemake("--report", str(tmp_path / "other.zip"), "--directory", str(run),
+                        "--configfile", str(tiny_run.conf), "--config",
+                        "jagielski={trials: 40}")
+        assert out.returncode != 0 and not (tmp_path / "other.zip").exists()
+        differ = re.findall(r"^  (\S.* in this config)$", out.stdout + out.stderr, re.M)
+        assert differ == [
+            "jagielski.trials: 8 in results/jagielski_fig2.csv, 40 in this config"]
+        assert "--configfile" in out.stdout + out.stderr
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("tiny_run")
-def test_jagielski_figures_end_to_end_and_grids_resume(tiny_run, tmp_path):
-    """Figure 2 and Table 2 from tiny real-format data; growing the grid trains only the
-    new cells, and a grid interrupted before its table reruns only its unfinished jobs."""
-    import shutil
+    def test_jagielski_figures_end_to_end_and_grids_resume(self, tiny_run, tmp_path):
+        """Figure 2 and Table 2 from tiny real-format data; growing the grid trains only the
+        new cells, and a grid interrupted before its table reruns only its unfinished jobs."""
+        import shutil
 
-    run, cfg = tiny_run.dir, copy.deepcopy(tiny_run.cfg)
-    for name in ("jagielski_fig2", "jagielski_table2", "trials_needed"):
-        for ext in ("pdf", "png"):
-            assert (run / f"figures/{name}.{ext}").stat().st_size > 0
-    fig2, meta = read_table(run / "results/jagielski_fig2.csv")
-    assert meta["seed"] == 3 and meta["spec"]["alpha"] == 0.01
-    assert len(fig2) == 2 * 3  # data sets x attacks
-    assert set(fig2.attack) == {"mi", "backdoor", "clipbkd"}
-    assert fig2.eps_th.gt(0).all() and (fig2.trials == 8).all()
-    assert (fig2.eps_lb_best_k >= fig2.eps_lb).all() and (fig2.eps_lb >= 0).all()
-    for column in ("eps_lb_katz", "eps_lb_bayes", "tpr_at_fpr_0_1pct", "tpr_at_fpr_1pct", "auc"):
-        assert (fig2[column] >= 0).all(), column
-    needed, _ = read_table(run / "results/trials_needed.csv")
-    assert sorted(needed.n.unique()) == [4, 8] and len(needed) == 2 * 2
-    cifar = fig2[fig2.dataset == "cifar"]
-    assert cifar.pretrained_on.str.startswith("cifar10-other-classes").all()
-    md = (run / "results/jagielski_table2.md").read_text()
-    assert "(1.55)" in md and "(0.75)" in md  # the noise and the paper's value, fixed init
-    scores, prov = read_table(run / "results/jagielski/scores/fmnist_fnn_clipbkd/c1_fixed_e4.csv")
-    assert prov["seed"] == 3 and prov["cell"]["noise"] == 1.55
-    assert prov["trainer"]["device"] == "cpu"  # the GPUs hidden (snakemake())
-    assert len(scores) == 8 * 3 and scores.seed.nunique() == 24
+        run, cfg = tiny_run.dir, copy.deepcopy(tiny_run.cfg)
+        for name in ("jagielski_fig2", "jagielski_table2", "trials_needed"):
+            for ext in ("pdf", "png"):
+                assert (run / f"figures/{name}.{ext}").stat().st_size > 0
+        fig2, meta = read_table(run / "results/jagielski_fig2.csv")
+        assert meta["seed"] == 3 and meta["spec"]["alpha"] == 0.01
+        assert len(fig2) == 2 * 3  # data sets x attacks
+        assert set(fig2.attack) == {"mi", "backdoor", "clipbkd"}
+        assert fig2.eps_th.gt(0).all() and (fig2.trials == 8).all()
+        assert (fig2.eps_lb_best_k >= fig2.eps_lb).all() and (fig2.eps_lb >= 0).all()
+        for column in ("eps_lb_katz", "eps_lb_bayes", "tpr_at_fpr_0_1pct", "tpr_at_fpr_1pct",
+                       "auc"):
+            assert (fig2[column] >= 0).all(), column
+        needed, _ = read_table(run / "results/trials_needed.csv")
+        assert sorted(needed.n.unique()) == [4, 8] and len(needed) == 2 * 2
+        cifar = fig2[fig2.dataset == "cifar"]
+        assert cifar.pretrained_on.str.startswith("cifar10-other-classes").all()
+        md = (run / "results/jagielski_table2.md").read_text()
+        assert "(1.55)" in md and "(0.75)" in md  # the noise and the paper's value, fixed init
+        scores, prov = read_table(
+            run / "results/jagielski/scores/fmnist_fnn_clipbkd/c1_fixed_e4.csv")
+        assert prov["seed"] == 3 and prov["cell"]["noise"] == 1.55
+        assert prov["trainer"]["device"] == "cpu"  # the GPUs hidden (snakemake())
+        assert len(scores) == 8 * 3 and scores.seed.nunique() == 24
 
-    # The reference target draws kept tables in another folder, training nothing.
-    ref, fresh = tmp_path / "ref", tmp_path / "fresh"
-    ref.mkdir()
-    for name in ("jagielski_fig2.csv", "jagielski_table2.csv"):
-        (ref / name).write_bytes((run / "results" / name).read_bytes())
-    out = snakemake("jagielski_reference", "--cores", "1", "--directory", str(fresh),
-                    "--configfile", str(write_config(tmp_path, {**cfg, "reference_dir": str(ref)})))
-    assert out.returncode == 0, out.stderr
-    for name in ("jagielski_fig2", "jagielski_table2"):
-        assert (fresh / f"figures/reference/{name}.png").stat().st_size > 0
-    assert (fresh / "results/reference/jagielski_table2.md").read_text() == md
-    assert not (fresh / "results/jagielski").exists()
+        # The reference target draws kept tables in another folder, training nothing.
+        ref, fresh = tmp_path / "ref", tmp_path / "fresh"
+        ref.mkdir()
+        for name in ("jagielski_fig2.csv", "jagielski_table2.csv"):
+            (ref / name).write_bytes((run / "results" / name).read_bytes())
+        out = snakemake("jagielski_reference", "--cores", "1", "--directory", str(fresh),
+                        "--configfile",
+                        str(write_config(tmp_path, {**cfg, "reference_dir": str(ref)})))
+        assert out.returncode == 0, out.stderr
+        for name in ("jagielski_fig2", "jagielski_table2"):
+            assert (fresh / f"figures/reference/{name}.png").stat().st_size > 0
+        assert (fresh / "results/reference/jagielski_table2.md").read_text() == md
+        assert not (fresh / "results/jagielski").exists()
 
-    # On a copy of the run (timestamps kept): growing the grid, a new clip reruns only the
-    # job of its group ...
-    shutil.copytree(run, tmp_path / "run")
-    run = tmp_path / "run"
-    scores_dir = run / "results/jagielski/scores"
-    jag = cfg["jagielski"]
-    jag["table2"]["clips"] = [1.0, 2.0]
-    targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf",
-               "figures/trials_needed.pdf"]
-    dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(run),
-                    "--configfile", str(write_config(tmp_path, cfg)))
-    assert dry.returncode == 0, dry.stderr
-    assert _score_outputs(dry.stdout) == ["fmnist_fnn_clipbkd"]
+        # On a copy of the run (timestamps kept): growing the grid, a new clip reruns only the
+        # job of its group ...
+        shutil.copytree(run, tmp_path / "run")
+        run = tmp_path / "run"
+        scores_dir = run / "results/jagielski/scores"
+        jag = cfg["jagielski"]
+        jag["table2"]["clips"] = [1.0, 2.0]
+        targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf",
+                   "figures/trials_needed.pdf"]
+        dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(run),
+                        "--configfile", str(write_config(tmp_path, cfg)))
+        assert dry.returncode == 0, dry.stderr
+        assert _score_outputs(dry.stdout) == ["fmnist_fnn_clipbkd"]
 
-    # ... a new eps label reruns its group's job, which reuses its kept blocks for the
-    # finished cell (the same bytes) and trains only the new one; then nothing is out of
-    # date.
-    jag["table2"]["clips"] = [1.0]
-    jag["fig2"]["eps"] = ["4", "8"]
-    e4 = (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes()
-    target = "results/jagielski/scores/cifar_lr_mi"
-    conf = str(write_config(tmp_path, cfg))
-    out = snakemake(target, "--cores", "2", "--directory", str(run), "--configfile", conf)
-    assert out.returncode == 0, out.stderr
-    log = (run / "logs/jagielski_train/cifar_lr_mi.log").read_text()
-    assert "2 cells x 2 blocks of trials: 16 models restored, 16 to train" in log, log
-    assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
-    assert read_table(scores_dir / "cifar_lr_mi/c1_g1_e8.csv")[1]["cell"]["noise"] == 1.02
-    again = snakemake(target, "-n", "--cores", "1", "--directory", str(run),
-                      "--configfile", conf)
-    assert "Nothing to be done" in again.stdout + again.stderr
+        # ... a new eps label reruns its group's job, which reuses its kept blocks for the
+        # finished cell (the same bytes) and trains only the new one; then nothing is out of
+        # date.
+        jag["table2"]["clips"] = [1.0]
+        jag["fig2"]["eps"] = ["4", "8"]
+        e4 = (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes()
+        target = "results/jagielski/scores/cifar_lr_mi"
+        conf = str(write_config(tmp_path, cfg))
+        out = snakemake(target, "--cores", "2", "--directory", str(run), "--configfile", conf)
+        assert out.returncode == 0, out.stderr
+        log = (run / "logs/jagielski_train/cifar_lr_mi.log").read_text()
+        assert "2 cells x 2 blocks of trials: 16 models restored, 16 to train" in log, log
+        assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
+        assert read_table(scores_dir / "cifar_lr_mi/c1_g1_e8.csv")[1]["cell"]["noise"] == 1.02
+        again = snakemake(target, "-n", "--cores", "1", "--directory", str(run),
+                          "--configfile", conf)
+        assert "Nothing to be done" in again.stdout + again.stderr
 
-    # A job interrupted halfway (its outputs gone, one block kept): it trains the rest.
-    (run / "results/jagielski/trained/cifar_lr_mi/in_000000-000008.csv").unlink()
-    for made in ("results/jagielski_fig2.csv", "figures/jagielski_fig2.pdf",
-                 "figures/jagielski_fig2.png"):
-        (run / made).unlink(missing_ok=True)
-    shutil.rmtree(scores_dir / "cifar_lr_mi")
-    dry = snakemake(target, "-n", "--cores", "1", "--directory", str(run),
-                    "--configfile", conf)
-    assert _score_outputs(dry.stdout) == ["cifar_lr_mi"]
-    out = snakemake(target, "--cores", "2", "--directory", str(run), "--configfile", conf)
-    assert out.returncode == 0, out.stderr
-    log = (run / "logs/jagielski_train/cifar_lr_mi.log").read_text()
-    assert "16 models restored, 16 to train" in log, log
-    assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
+        # A job interrupted halfway (its outputs gone, one block kept): it trains the rest.
+        (run / "results/jagielski/trained/cifar_lr_mi/in_000000-000008.csv").unlink()
+        for made in ("results/jagielski_fig2.csv", "figures/jagielski_fig2.pdf",
+                     "figures/jagielski_fig2.png"):
+            (run / made).unlink(missing_ok=True)
+        shutil.rmtree(scores_dir / "cifar_lr_mi")
+        dry = snakemake(target, "-n", "--cores", "1", "--directory", str(run),
+                        "--configfile", conf)
+        assert _score_outputs(dry.stdout) == ["cifar_lr_mi"]
+        out = snakemake(target, "--cores", "2", "--directory", str(run), "--configfile", conf)
+        assert out.returncode == 0, out.stderr
+        log = (run / "logs/jagielski_train/cifar_lr_mi.log").read_text()
+        assert "16 models restored, 16 to train" in log, log
+        assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
 
 
 def _score_outputs(dry_run: str) -> list[str]:
