@@ -9,6 +9,10 @@ name: CPU tests pass ``device="cpu"`` (``--device cpu`` to the CLI), the CUDA te
 ``tests/test_cuda.py`` ask for ``"cuda"``. Tests of the default itself carry the marker
 ``default_device``. Workflow tests run Snakemake in a subprocess, with the GPUs hidden
 (``tests/test_workflow.py``).
+
+With pytest-xdist (``-n auto``), the tests of a class run in one worker, so that a session
+fixture they share (one run of the whole workflow) is made once, and the tests marked
+``slow`` start first.
 """
 
 from __future__ import annotations
@@ -50,3 +54,24 @@ def _no_default_device(request, monkeypatch):
         if name.split(".")[0] == "dpaudit" and getattr(module, "resolve", None) is real:
             monkeypatch.setattr(module, "resolve", strict)
     yield
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's ``load`` (each test to the next free worker), except that a class goes to one
+    worker whole (xdist's ``loadgroup`` marks no longer group under pytest 9)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerPerClass(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("::")
+            return "::".join(parts[:2]) if len(parts) > 2 else nodeid
+
+    return OneWorkerPerClass(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first, so that no worker starts one when the others are done."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -254,9 +254,9 @@ def _tiny_config(data: Path) -> dict:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One run of the whole DAG at :func:`_tiny_config`, shared by the tests of
-    :class:`TestTinyRun` (pytest-xdist's ``--dist loadscope``, in pyproject.toml, runs a
-    class in one worker, so the run is made once); they only read it (a test that reruns
-    jobs works on a copy)."""
+    :class:`TestTinyRun` (with pytest-xdist a class runs in one worker, tests/conftest.py,
+    so the run is made once); they only read it (a test that reruns jobs works on a
+    copy)."""
     run = tmp_path_factory.mktemp("tiny_run")
     _fake_image_data(run / "data")
     cfg = _tiny_config(run / "data")
