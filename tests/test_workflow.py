@@ -261,8 +261,10 @@ def tiny_run(tmp_path_factory):
     _fake_image_data(run / "data")
     cfg = _tiny_config(run / "data")
     conf = write_config(run, cfg)
-    out = snakemake("--cores", "2", "--directory", str(run), "--configfile", str(conf),
-                    timeout=1800)
+    # One thread per job: the jobs are tiny, and two of them then run at once (training
+    # jobs ask for 2 threads, which would run them one at a time).
+    out = snakemake("--cores", "2", "--max-threads", "1", "--directory", str(run),
+                    "--configfile", str(conf), timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     return SimpleNamespace(dir=run, cfg=cfg, conf=conf)
 
