@@ -14,7 +14,7 @@ min_version("9.0")
 # The rule files build the experiment grids with dpaudit, in Snakemake's own process, so
 # dpaudit must be installed where snakemake runs (the rules call its `dpaudit` CLI).
 try:
-    from dpaudit.config import SpecError, validate_section
+    from dpaudit.config import SpecError, typed_from_text, validate_section
 except ImportError as err:
     raise WorkflowError(
         f"cannot import dpaudit ({err}): install the project into the environment that runs "
@@ -37,9 +37,10 @@ configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 # The project's validator, not snakemake.utils.validate: one line naming the key and what
-# is allowed instead of a dump of the schema.
+# is allowed instead of a dump of the schema.  Numbers and booleans inside a nested
+# `--config` entry arrive as text: read as the schema wants them first.
 try:
-    validate_section(config)
+    validate_section(typed_from_text(config))
 except SpecError as err:
     raise WorkflowError(f"invalid config: {err}")
 
@@ -57,6 +58,7 @@ include: "workflow/rules/trials_needed.smk"
 include: "workflow/rules/onerun.smk"
 include: "workflow/rules/tramer.smk"
 include: "workflow/rules/abadi.smk"
+include: "workflow/rules/report.smk"
 
 
 # Defined here, not in an included file: an included file's default target is dropped.

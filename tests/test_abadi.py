@@ -28,7 +28,7 @@ def _deep_problem(n=30, d=6, seed=0):
                                                                              dtype=F64))
     y = torch.randint(0, 3, (n,), generator=g)
     model = D.ModelSpec("fnn", d, (5, 4), 3)
-    return X, y, model, D.init_params(model, 1, seed, scale=2.0, dtype=F64)
+    return X, y, model, D.init_params(model, 1, seed, scale=2.0, dtype=F64, device="cpu")
 
 
 def _module(model, params):

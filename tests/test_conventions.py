@@ -1,16 +1,15 @@
 """The Snakemake conventions a user relies on: named targets, start-up errors, the data
-rule and the report (a tiny run of the whole DAG); profiles and cluster jobs: test_slurm.py."""
+rule (profiles and cluster jobs: test_slurm.py; the report: test_workflow.py)."""
 
 from __future__ import annotations
 
 import re
-import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from test_workflow import ROOT, _fake_image_data, load, snakemake, write_config
+from test_workflow import ROOT, _fake_image_data, snakemake
 
 
 def _jobs(dry_run: str) -> list[tuple[str, str, str]]:
@@ -111,62 +110,6 @@ def _json(value) -> str:
     import json
 
     return json.dumps(value)
-
-
-def _tiny_config(tmp_path: Path) -> dict:
-    """Every figure of the DAG at the smallest sizes that still run (seconds per job)."""
-    _fake_image_data(tmp_path / "data")
-    cfg = load("quick.yaml")
-    cfg["data"].update(root=str(tmp_path / "data"), download=False)
-    cfg["hw3"].update(repeats=1, grids={"eps": {"eps": [2, 8], "m": [100], "d": [100]},
-                                        "m": {"eps": [8], "m": [50, 100], "d": [100]},
-                                        "d": {"eps": [8], "m": [100], "d": [10, 100]}})
-    cfg["accounting"]["abadi"].update(num_epochs=4, max_epochs=40)
-    cfg["accounting"]["composition"].update(num_k=5, max_k=50)
-    cfg["ridge"].update(n=40, d=40, m=40, lam=320.0, rho=[0.5, 5.0], repeats=1)
-    jag = cfg["jagielski"]
-    jag.update(trials=8, ks=[1, 2])
-    jag["datasets"]["fmnist"].update(epochs=1, batch_size=10)
-    jag["datasets"]["cifar"].update(epochs=1, batch_size=8, pretrain_epochs=1,
-                                    pretrain_images=0)
-    jag["fig2"].update(datasets=["fmnist"], archs=["lr"], eps=["4"], init=1.0)
-    jag["table2"].update(clips=[1.0], inits=["fixed"], eps=["4"])
-    cfg["trials_needed"].update(eps=["4"], n_min=4, n_points=2, subsamples=2)
-    cfg["onerun"].update(eps=["4"], archs=["lr"], repeats=1, m=20, max_k=10,
-                         canaries=["dirac"], init=1.0)
-    cfg["tramer"].update(runs=40, val_runs=10, batch_runs=40, n_train=40)
-    cfg["tramer"]["model"].update(epochs=2, batch_size=20)
-    cfg["abadi"]["fig3"].update(n_train=100, n_test=0, pca_dims=8, hidden=8, lot_size=20,
-                                max_epochs=1)
-    cfg["abadi"]["fig6"].update(public_images=60, private_images=80, test_images=40,
-                                hidden=[8], max_epochs=1,
-                                levels=[{"name": n, "lot_size": 20, "eps": e}
-                                        for n, e in (("eps2", 2.0), ("eps8", 8.0))])
-    return cfg
-
-
-@pytest.mark.slow
-def test_report_holds_every_figure_with_its_caption(tmp_path):
-    """A tiny run of the whole DAG, then `--report report.zip`: every figure of `all` (and
-    Table 2 as an HTML table) is in it, with its caption rendered from the config."""
-    conf = str(write_config(tmp_path, _tiny_config(tmp_path)))
-    out = snakemake("--cores", "2", "--directory", str(tmp_path), "--configfile", conf,
-                    timeout=1800)
-    assert out.returncode == 0, out.stderr[-3000:]
-    out = snakemake("--report", str(tmp_path / "report.zip"), "--directory", str(tmp_path),
-                    "--configfile", conf)
-    assert out.returncode == 0, out.stderr[-3000:]
-    with zipfile.ZipFile(tmp_path / "report.zip") as zf:
-        names = zf.namelist()
-        index = next(zf.read(n).decode() for n in names if n.endswith("report.html"))
-    figures = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
-    assert len(figures) == 13
-    for name in figures + ["jagielski_table2.html"]:
-        assert any(n.endswith("/" + name) for n in names), name
-    assert "<table" in (tmp_path / "results/jagielski_table2.html").read_text()
-    # captions are rendered with the config: the tiny run's 8 trials, its Tramer claim
-    assert "8 trials per side" in index and "0.21" in index
-    assert "How to read a bound" in index
 
 
 def test_md_html_renders_the_pipe_table(tmp_path):

@@ -3,6 +3,7 @@
 import hashlib
 import pickle
 import tarfile
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -69,7 +70,8 @@ def test_fmnist_missing_says_where_and_how(tmp_path):
         data.load_fmnist(tmp_path / "root", debian_dir=tmp_path / "deb")
     msg = str(err.value)
     assert "apt-get install -y dataset-fashion-mnist" in msg
-    assert str(tmp_path / "root" / "FashionMNIST" / "raw") in msg and "download" in msg
+    assert str(tmp_path / "root" / "FashionMNIST" / "raw") in msg
+    assert "set data.download: true" in msg and "docs/data.md, section Offline" in msg
 
 
 def _write_cifar_pickles(folder, rng, per_batch=6):
@@ -130,11 +132,33 @@ def test_cifar10_imagefolder_tree_and_tarball(tmp_path):
     assert data.ensure_extracted(tmp_path / "gone.tar.gz", root) == root
 
 
-def test_cifar_missing_says_how(tmp_path):
-    with pytest.raises(data.DataNotFound, match="cifar10-jpeg.tar.gz"):
-        data.load_cifar10(tmp_path)
+def test_cifar_missing_says_how_in_config_keys(tmp_path, monkeypatch):
+    """The message names the config keys that fix it and the docs' offline section; with
+    download on and no internet it does not say to turn download on."""
+    with pytest.raises(data.DataNotFound) as err:
+        data.prepare_cifar(tmp_path)
+    msg = str(err.value)
+    for words in ("set data.download: true", "data.cifar10_tarball", "cifar10-jpeg.tar.gz",
+                  f"data.root = {tmp_path}", "docs/data.md, section Offline"):
+        assert words in msg, words
     with pytest.raises(data.DataNotFound, match="cifar-100-python"):
         data.load_cifar100(tmp_path)
+
+    class Offline:  # torchvision's CIFAR10 on a machine without internet
+        def __init__(self, root, train, download):
+            raise (OSError("<urlopen error [Errno -3] name resolution>") if download
+                   else RuntimeError("Dataset not found or corrupted"))
+
+    monkeypatch.setattr(data, "_datasets", lambda: SimpleNamespace(CIFAR10=Offline))
+    with pytest.raises(data.DataNotFound) as err:
+        data.prepare_cifar(tmp_path, download=True)
+    msg = str(err.value)
+    assert "download failed (no internet?): <urlopen error" in msg
+    assert "set data.download: true" not in msg
+    for words in ("data.cifar10_tarball", "data.download: false", "docs/data.md"):
+        assert words in msg, words
+    with pytest.raises(data.DataNotFound, match=r"data.cifar10_tarball = \S*none.tar.gz: no"):
+        data.prepare_cifar(tmp_path, tarball=tmp_path / "none.tar.gz")
 
 
 def test_select_classes_relabels_in_given_order():

@@ -12,6 +12,8 @@ import torch
 from dpaudit import device
 from dpaudit.device import DeviceUnavailable, given_gpus, resolve
 
+pytestmark = pytest.mark.default_device  # the default device is what these tests test
+
 
 @pytest.fixture
 def no_gpu_vars(monkeypatch):
@@ -39,8 +41,8 @@ def _no_context(*args):
     raise AssertionError("mem_get_info opens a CUDA context on the card it reads")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_auto_is_the_cpu_without_a_gpu_and_cuda_is_refused(no_gpu_vars):
+def test_auto_is_the_cpu_without_a_gpu_and_cuda_is_refused(monkeypatch, no_gpu_vars):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # what a CPU machine says
     assert resolve(None) == resolve("auto") == torch.device("cpu")
     assert resolve("cpu") == torch.device("cpu")
     with pytest.raises(DeviceUnavailable, match="device='cuda': .*CUDA.*set device cpu"):

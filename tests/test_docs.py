@@ -142,6 +142,17 @@ def test_readme_contains_the_ci_test_command_verbatim():
         f"README.md has no code block containing the CI test command {command!r}")
 
 
+def test_readme_names_every_named_target():
+    """A rule without outputs (other than `all`) is a target a user types: the README's
+    list of named targets holds each one."""
+    text = "\n".join(p.read_text() for p in sorted((ROOT / "workflow" / "rules").glob("*.smk")))
+    rules = re.findall(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", text, flags=re.S | re.M)
+    targets = {name for name, body in rules if not re.search(r"^    output:", body, re.M)}
+    assert {"tramer", "trials_needed"} <= targets
+    named = README.read_text().split("Named targets:")[1].split("--configfile")[0]
+    assert not {t for t in targets if f"`{t}`" not in named}, named
+
+
 def test_docs_have_no_unfilled_placeholders():
     leftover = [f"{page.name}: {line.strip()}" for page in _pages()
                 for line in page.read_text().splitlines()

@@ -43,7 +43,7 @@ def _problem(arch, n=40, d=7, seed=0, spread=3.0):
                                                                                dtype=F64))
     y = torch.randint(0, 3, (n,), generator=g)
     model = D.ModelSpec(arch, d, hidden=5, n_classes=3)
-    init = D.init_params(model, 1, seed, scale=2.0, dtype=F64)
+    init = D.init_params(model, 1, seed, scale=2.0, dtype=F64, device="cpu")
     return X, y, model, init
 
 
@@ -131,7 +131,7 @@ def test_per_example_norms_match_opacus_grad_sample():
 def test_clipping_bounds_each_examples_contribution():
     """One example per batch: the update is exactly lr*C when ||grad|| > C, smaller otherwise."""
     model = D.ModelSpec("fnn", 5, hidden=4)
-    init = D.init_params(model, 1, 0, dtype=F64)
+    init = D.init_params(model, 1, 0, dtype=F64, device="cpu")
     x = torch.tensor([[1e4, -2e4, 3e4, 1e4, 5e3], [1e-3, 0, 0, 0, 2e-3]], dtype=F64)
     y = torch.tensor([1, 0])
     norms = D.grad_norms(init, x, y, model)[0]
@@ -238,14 +238,14 @@ def test_learns_separable_toy_problem(arch, sampling):
 
 def test_glorot_init_matches_keras_glorot_normal():
     model = D.ModelSpec("fnn", 300, hidden=100, n_classes=2)
-    p = D.init_params(model, 2, [0, 1], scale=2.0, dtype=F64)
+    p = D.init_params(model, 2, [0, 1], scale=2.0, dtype=F64, device="cpu")
     std = math.sqrt(2 / 400)  # variance 2 / (fan_in + fan_out)
     w = p.W[0].reshape(-1).numpy() / 2.0
     trunc = stats.truncnorm(-2, 2, scale=std / stats.truncnorm(-2, 2).std())
     assert stats.kstest(w, trunc.cdf).pvalue > 1e-3
     assert np.abs(w).max() <= trunc.ppf(1.0)
     assert torch.count_nonzero(p.b[0]) == 0
-    one = D.init_params(model, 1, [1], scale=2.0, dtype=F64)
+    one = D.init_params(model, 1, [1], scale=2.0, dtype=F64, device="cpu")
     assert torch.equal(one.W[1][0], p.W[1][1])
 
 
@@ -255,7 +255,8 @@ def test_glorot_init_is_the_trainers_init():
     cfg = D.DPSGDConfig(epochs=1, batch_size=20, lr=1e-30, clip=1.0, noise_multiplier=0.0,
                         init_scale=0.5)
     got = D.train(X, y, model, cfg, [5, 6], device="cpu")
-    torch.testing.assert_close(_flat(got, 1), _flat(D.init_params(model, 1, [6], 0.5), 0))
+    torch.testing.assert_close(_flat(got, 1),
+                               _flat(D.init_params(model, 1, [6], 0.5, device="cpu"), 0))
 
 
 def test_fixed_init_is_shared_and_round_trips(tmp_path):
@@ -295,7 +296,7 @@ def test_config_validation_names_the_field(field, value):
 def _canary_directions(kind, model, m, clip, seed=0):
     """m canary directions of norm ``clip``: Dirac (one coordinate each) or dense random."""
     if kind == "dirac":
-        return D.dirac_canaries(model, m, clip, seed, dtype=F64)
+        return D.dirac_canaries(model, m, clip, seed, dtype=F64, device="cpu")
     g = torch.Generator().manual_seed(seed)
     d = torch.randn(m, model.n_params, generator=g, dtype=F64)
     return d * (clip / torch.linalg.vector_norm(d, dim=1, keepdim=True))
@@ -433,20 +434,21 @@ def test_scores_telescope_with_noise_poisson_and_several_chunks(kind):
     included = torch.rand(3, 10, generator=g) < 0.5
     run = D.train(X, y, model, cfg, [4, 5, 6], device="cpu",
                   canaries=D.GradientCanaries(dirs, included, rate=0.3))
-    last = D.last_iterate_scores(D.init_params(model, 3, [4, 5, 6]), run.params, dirs)
+    init = D.init_params(model, 3, [4, 5, 6], device="cpu")
+    last = D.last_iterate_scores(init, run.params, dirs)
     torch.testing.assert_close(run.scores, last, rtol=1e-4, atol=1e-5)
 
 
 def test_flatten_is_the_noise_layout():
     model = D.ModelSpec("fnn", 5, hidden=3, n_classes=4)
-    params = D.init_params(model, 2, [0, 1], dtype=F64)
+    params = D.init_params(model, 2, [0, 1], dtype=F64, device="cpu")
     flat = D.flatten(params)
     assert flat.shape == (2, model.n_params)
     for k in range(2):
         assert torch.equal(flat[k], _flat(params, k))
     views = D._noise_views(flat, params)
     assert all(torch.equal(v, t) for v, t in zip(views, D._tensors(params)))
-    dirac = D.dirac_canaries(model, 7, 2.5, 0)
+    dirac = D.dirac_canaries(model, 7, 2.5, 0, device="cpu")
     assert dirac.shape == (7, model.n_params) and (dirac.count_nonzero(1) == 1).all()
     coords = dirac.nonzero()[:, 1]
     assert len(set(coords.tolist())) == 7 and (coords < 5 * 3).all()  # first layer's W
@@ -460,13 +462,14 @@ def test_canaries_none_or_excluded_leave_training_unchanged(sampling):
     plain = D.train(X, y, model, cfg, seeds, device="cpu")
     none = D.train(X, y, model, cfg, seeds, device="cpu", canaries=None)
     assert isinstance(none, D.Params) and torch.equal(D.flatten(none), D.flatten(plain))
-    dirs = D.dirac_canaries(model, 20, 1.0, 0)
+    dirs = D.dirac_canaries(model, 20, 1.0, 0, device="cpu")
     excluded = D.train(X, y, model, cfg, seeds, device="cpu",
                        canaries=D.GradientCanaries(dirs, torch.zeros(3, 20, dtype=torch.bool)))
     # Adding nothing changes no bit: the canary stream leaves batches and noise alone.
     assert torch.equal(D.flatten(excluded.params), D.flatten(plain))
     torch.testing.assert_close(
-        excluded.scores, D.last_iterate_scores(D.init_params(model, 3, seeds), plain, dirs),
+        excluded.scores,
+        D.last_iterate_scores(D.init_params(model, 3, seeds, device="cpu"), plain, dirs),
         rtol=1e-4, atol=1e-6)
 
 
@@ -481,7 +484,7 @@ def test_included_dirac_canaries_score_higher():
     cfg = D.DPSGDConfig(epochs=40, batch_size=B, lr=0.1, clip=clip, noise_multiplier=0.0,
                         sampling="poisson")
     K, m = 4, 40
-    dirs = D.dirac_canaries(model, m, clip, 5, dtype=F64)
+    dirs = D.dirac_canaries(model, m, clip, 5, dtype=F64, device="cpu")
     included = torch.stack([torch.randperm(m, generator=g) < m // 2 for _ in range(K)])
     scores = D.train(X, y, model, cfg, [1, 2, 3, 4], device="cpu",
                      canaries=D.GradientCanaries(dirs, included)).scores
@@ -506,7 +509,8 @@ def test_canary_sampling_is_poisson_with_the_data_rate():
     cfg = D.DPSGDConfig(epochs=40, batch_size=B, lr=0.1, clip=clip, noise_multiplier=0.0,
                         sampling="poisson")
     m, T, q = 5 * hidden, cfg.steps(n), B / n
-    dirs = D.dirac_canaries(model, m, clip, 0, candidates=range(5 * hidden), dtype=F64)
+    dirs = D.dirac_canaries(model, m, clip, 0, candidates=range(5 * hidden), dtype=F64,
+                            device="cpu")
     inc_a = torch.rand(3, m, generator=g) < 0.5
     inc_b = ~inc_a
     inc_b[:, 0] = inc_a[:, 0] = True
@@ -533,7 +537,7 @@ def test_canary_validation_names_the_argument():
     X, y, model, init = _problem("fnn", n=10)
     cfg = D.DPSGDConfig(epochs=1, batch_size=5, lr=0.1, clip=1.0, noise_multiplier=1.0)
     P, inc = model.n_params, torch.ones(2, 3, dtype=torch.bool)
-    good = D.dirac_canaries(model, 3, 1.0, 0, dtype=F64)
+    good = D.dirac_canaries(model, 3, 1.0, 0, dtype=F64, device="cpu")
     for bad, field in [
         (lambda: D.GradientCanaries(good[0], inc), "canaries.directions"),
         (lambda: D.GradientCanaries(good.long(), inc), "canaries.directions"),
@@ -556,11 +560,11 @@ def test_canary_validation_names_the_argument():
     D.train(X, y, model, cfg, [1, 2], device="cpu",
             canaries=D.GradientCanaries(good * (1 + 1e-7), inc))  # within 1e-5
     with pytest.raises(ValueError, match="m=0"):
-        D.dirac_canaries(model, 0, 1.0, 0)
+        D.dirac_canaries(model, 0, 1.0, 0, device="cpu")
     with pytest.raises(ValueError, match="m=31"):
-        D.dirac_canaries(model, 31, 1.0, 0, candidates=range(30))
+        D.dirac_canaries(model, 31, 1.0, 0, candidates=range(30), device="cpu")
     with pytest.raises(ValueError, match="candidates"):
-        D.dirac_canaries(model, 1, 1.0, 0, candidates=[P])
+        D.dirac_canaries(model, 1, 1.0, 0, candidates=[P], device="cpu")
 
 
 def _columns(arch, sampling):
@@ -604,7 +608,7 @@ def test_columns_must_share_the_batches():
     with pytest.raises(ValueError, match=r"same batch_size .* column 1 has 8"):
         D.train(X, y, model, [cols[0], other], [1], device="cpu")
     with pytest.raises(ValueError, match="one column at a time with gradient canaries"):
-        dirs = D.dirac_canaries(model, 2, 0.5, 0, dtype=F64)
+        dirs = D.dirac_canaries(model, 2, 0.5, 0, dtype=F64, device="cpu")
         D.train(X, y, model, cols[:2], [1], device="cpu",
                 canaries=D.GradientCanaries(dirs, torch.ones(1, 2, dtype=torch.bool)))
     with pytest.raises(ValueError, match="2 noise stds for 1 columns"):
@@ -667,7 +671,7 @@ def test_tf32_clip_margin_keeps_every_examples_contribution_within_the_clip(monk
     X = X * torch.sign(torch.randn(n, d, generator=g))
     y = torch.randint(0, 2, (n,), generator=g)
     model = D.ModelSpec("fnn", d, hidden=16)
-    params = D.init_params(model, 2, [3, 4], scale=4.0)
+    params = D.init_params(model, 2, [3, 4], scale=4.0, device="cpu")
     wide = D._Wide.of(params)
     xb = X.expand(2, -1, -1)
     acts, z = D._forward(wide, xb)
@@ -718,7 +722,7 @@ def test_matmul_precision_scope_margin_and_refusals(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(D._tensors(tf32), D._tensors(want)))
     assert not torch.equal(_flat(tf32, 0), _flat(fp32, 0))
     monkeypatch.setattr(D, "_tf32", lambda dev: True)
-    dirs = D.dirac_canaries(model, 2, cfg.clip, 0)
+    dirs = D.dirac_canaries(model, 2, cfg.clip, 0, device="cpu")
     with pytest.raises(ValueError, match=r"canaries: train with matmul_precision\('fp32'\)"):
         D.train(X, y, model, cfg, [1], device="cpu",
                 canaries=D.GradientCanaries(dirs, torch.ones(1, 2, dtype=torch.bool)))

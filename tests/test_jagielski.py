@@ -581,7 +581,8 @@ def test_cli_missing_cifar_is_one_clear_message(tmp_path, capsys):
             "cifar100_root": None}
     spec = {"clipbkd_norm": None, "pretrain_epochs": 1, "pretrain_images": 0}
     code = main(["jagielski-task", "--dataset", "cifar", "--data", json.dumps(data), "--spec",
-                 json.dumps(spec), "--seed", "0", "--out", str(tmp_path / "task.npz")])
+                 json.dumps(spec), "--seed", "0", "--device", "cpu", "--out",
+                 str(tmp_path / "task.npz")])
     err = capsys.readouterr().err
     assert code == 2 and "CIFAR-10 not found" in err and "Traceback" not in err
     assert str(tmp_path / "nothing") in err and not (tmp_path / "task.npz").exists()

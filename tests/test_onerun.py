@@ -76,7 +76,7 @@ def test_white_box_canaries_without_noise_certify_a_clear_bound():
     task = _task()
     model = dpsgd.ModelSpec("lr", 40)
     cfg = dpsgd.DPSGDConfig(8, 50, 0.5, 1.0, 0.0)
-    rows = onerun.audit_dirac(task, model, cfg, 20, [11, 12], 1e-5, 0.05, 500)
+    rows = onerun.audit_dirac(task, model, cfg, 20, [11, 12], 1e-5, 0.05, 500, device="cpu")
     assert {r["threat_model"] for r in rows} == {"all-iterates", "last-iterate"}
     for r in rows:
         assert r["v"] == r["r"] >= 12  # every guess right, as many as the split allows
@@ -97,7 +97,7 @@ def test_cli_audit_table_and_figure(tmp_path, capsys):
     out = tmp_path / "onerun.csv"
     spec = _spec(canaries=["input", "dirac"], eps=["4", "inf"], m=20)
     assert main(["onerun-audit", "--task", str(path), "--spec", json.dumps(spec), "--train",
-                 json.dumps(TRAIN), "--seed", "3", "--out", str(out)]) == 0
+                 json.dumps(TRAIN), "--seed", "3", "--device", "cpu", "--out", str(out)]) == 0
     df, meta = read_table(out)
     assert meta["seed"] == 3 and meta["spec"] == spec
     assert len(df) == 2 * 2 * (1 + 2)  # eps x repeats x (black-box + 2 white-box)

@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from dpaudit.io import read_table
-from test_conventions import _jobs, _tiny_config
-from test_workflow import ROOT, load, snakemake, write_config
+from test_conventions import _jobs
+from test_workflow import ROOT, _fake_image_data, _tiny_config, load, snakemake, write_config
 
 PLUGIN = "snakemake_executor_plugin_slurm"
 NO_PLUGIN = 'the SLURM executor plugin is not installed (pip install -e ".[slurm]")'
@@ -432,7 +432,8 @@ def test_real_slurm_run_equals_a_local_run(tmp_path, slurm_cluster):
     this host; every result equals a local run's (the .pt init as tensors)."""
     from dpaudit.dpsgd import load_params
 
-    conf = str(write_config(tmp_path, _tiny_config(tmp_path)))
+    _fake_image_data(tmp_path / "data")
+    conf = str(write_config(tmp_path, _tiny_config(tmp_path / "data")))
     targets = ["results/hw3_eps_vs_eps.csv", "results/jagielski/scores/fmnist_fnn_clipbkd"]
     local = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "2",

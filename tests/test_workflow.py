@@ -8,10 +8,13 @@ between releases), with ``--directory`` pointing at a temporary folder.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -25,8 +28,12 @@ FIGURES = ["hw3_eps_vs_eps", "hw3_eps_vs_m", "hw3_eps_vs_d", "abadi_fig2", "comp
 
 
 def snakemake(*args, cwd=ROOT, timeout=900):
+    """Snakemake on the workflow, with the GPUs hidden (``CUDA_VISIBLE_DEVICES=""``): the
+    same jobs and results on a machine with GPUs as without (training rules run as CPU
+    jobs); ``tests/test_cuda.py`` checks the CUDA paths."""
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"),
-                           *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+                           *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
 
 
 def merged(base: dict, overlay: dict) -> dict:
@@ -94,6 +101,39 @@ def test_bad_config_stops_naming_the_key(tmp_path, path, value, words):
         assert word in out.stdout + out.stderr
 
 
+def test_nested_config_values_given_as_text_are_read_as_the_schema_wants(tmp_path):
+    """Snakemake reads every value inside a nested `--config` entry as text; numbers and
+    booleans are read as such where the schema wants them, strings it accepts stay."""
+    from snakemake.cli import parse_config
+
+    from dpaudit.config import typed_from_text, validate_section
+
+    given = parse_config(["jagielski={trials: 6, ks: [1, 2], fig2: {eps: [4, inf]}}",
+                          "onerun={compare_many_model: false, beta: 1e-2}"])
+    assert given["jagielski"]["trials"] == "6"  # Snakemake's reading
+    cfg = typed_from_text(merged(load("quick.yaml"), given))
+    validate_section(cfg)
+    assert cfg["jagielski"]["trials"] == 6 and cfg["jagielski"]["ks"] == [1, 2]
+    assert cfg["jagielski"]["fig2"]["eps"] == ["4", "inf"]  # eps labels are strings
+    assert cfg["onerun"]["compare_many_model"] is False and cfg["onerun"]["beta"] == 0.01
+    # the workflow reads them so too: a value out of range is named as the number it is
+    out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--config",
+                    "jagielski={trials: 3}")
+    assert out.returncode != 0
+    assert "config.jagielski.trials=3: 3 is less than the minimum of 4" in out.stdout + out.stderr
+
+
+def test_missing_data_stops_with_the_fix_in_the_terminal(tmp_path):
+    """Offline without a local copy: the data job fails, and the terminal (not only its
+    log) says which config keys to set and where the docs explain it."""
+    out = snakemake("results/data/cifar.csv", "--cores", "1", "--directory", str(tmp_path),
+                    "--config", f"data={{root: {tmp_path / 'empty'}, download: false}}")
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    for words in ("CIFAR-10 not found", "data.cifar10_tarball", "docs/data.md, section Offline"):
+        assert words in text, words
+
+
 def test_reference_tables_are_read_from_the_repository_whatever_the_directory(tmp_path):
     """The default `reference_dir` is relative to the repository, not to --directory (a
     dry run names the input, or reports it missing while no GPU run has filled it)."""
@@ -141,105 +181,186 @@ def _fake_image_data(root: Path):
     write_tree(root, rng, classes=CIFAR10_CLASSES, per_class=18)
 
 
-@pytest.mark.slow
-def test_jagielski_figures_end_to_end_and_grids_resume(tmp_path):
-    """Figure 2 and Table 2 from tiny real-format data; growing the grid trains only the
-    new cells, and a grid interrupted before its table reruns only its unfinished jobs."""
-    _fake_image_data(tmp_path / "data")
+def _tiny_config(data: Path) -> dict:
+    """Every figure of the DAG at the smallest sizes that still run (seconds per job), from
+    the tiny real-format data at ``data`` (:func:`_fake_image_data`)."""
     cfg = load("quick.yaml")
     cfg["seed"] = 3
-    cfg["data"].update(root=str(tmp_path / "data"), download=False)
+    cfg["data"].update(root=str(data), download=False)
+    cfg["hw3"].update(repeats=1, grids={"eps": {"eps": [2, 8], "m": [100], "d": [100]},
+                                        "m": {"eps": [8], "m": [50, 100], "d": [100]},
+                                        "d": {"eps": [8], "m": [100], "d": [10, 100]}})
+    cfg["accounting"]["abadi"].update(num_epochs=4, max_epochs=40)
+    cfg["accounting"]["composition"].update(num_k=5, max_k=50)
+    cfg["ridge"].update(n=40, d=40, m=40, lam=320.0, rho=[0.5, 5.0], repeats=1)
     jag = cfg["jagielski"]
     jag.update(trials=8, ks=[1, 2])
-    jag["datasets"]["fmnist"].update(epochs=2, batch_size=10)
-    jag["datasets"]["cifar"].update(epochs=2, batch_size=8, pretrain_epochs=1,
+    jag["datasets"]["fmnist"].update(epochs=1, batch_size=10)
+    jag["datasets"]["cifar"].update(epochs=1, batch_size=8, pretrain_epochs=1,
                                     pretrain_images=0)
-    jag["fig2"].update(archs=["lr"], eps=["4"], init=1.0)
+    jag["fig2"].update(archs=["lr"], eps=["4"], init=1.0)  # both data sets, three attacks
     jag["table2"].update(clips=[1.0], inits=["fixed", 1.0], eps=["4"])
-    cfg["onerun"]["eps"] = ["4"]  # the one-run comparison's labels are trained too
     cfg["trials_needed"].update(eps=["4"], n_min=4, n_points=2, subsamples=2)
-    targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf",
-               "figures/trials_needed.pdf"]
-    out = snakemake(*targets, "--cores", "2", "--directory", str(tmp_path), "--configfile",
-                    str(write_config(tmp_path, cfg)))
-    assert out.returncode == 0, out.stderr
-    for name in ("jagielski_fig2", "jagielski_table2", "trials_needed"):
-        for ext in ("pdf", "png"):
-            assert (tmp_path / f"figures/{name}.{ext}").stat().st_size > 0
-    fig2, meta = read_table(tmp_path / "results/jagielski_fig2.csv")
-    assert meta["seed"] == 3 and meta["spec"]["alpha"] == 0.01
-    assert len(fig2) == 2 * 3  # data sets x attacks
-    assert set(fig2.attack) == {"mi", "backdoor", "clipbkd"}
-    assert fig2.eps_th.gt(0).all() and (fig2.trials == 8).all()
-    assert (fig2.eps_lb_best_k >= fig2.eps_lb).all() and (fig2.eps_lb >= 0).all()
-    for column in ("eps_lb_katz", "eps_lb_bayes", "tpr_at_fpr_0_1pct", "tpr_at_fpr_1pct", "auc"):
-        assert (fig2[column] >= 0).all(), column
-    needed, _ = read_table(tmp_path / "results/trials_needed.csv")
-    assert sorted(needed.n.unique()) == [4, 8] and len(needed) == 2 * 2
-    cifar = fig2[fig2.dataset == "cifar"]
-    assert cifar.pretrained_on.str.startswith("cifar10-other-classes").all()
-    md = (tmp_path / "results/jagielski_table2.md").read_text()
-    assert "(1.55)" in md and "(0.75)" in md  # the noise and the paper's value, fixed init
-    scores_dir = tmp_path / "results/jagielski/scores"
-    scores, prov = read_table(scores_dir / "fmnist_fnn_clipbkd/c1_fixed_e4.csv")
-    assert prov["seed"] == 3 and prov["cell"]["noise"] == 1.55
-    assert prov["trainer"]["device"] == "cpu"
-    assert len(scores) == 8 * 3 and scores.seed.nunique() == 24
+    cfg["onerun"].update(eps=["4"], archs=["lr"], repeats=1, m=20, max_k=10,
+                         canaries=["dirac"], init=1.0)  # Figure 2's cells: no extra training
+    cfg["tramer"].update(runs=40, val_runs=10, batch_runs=40, n_train=40)
+    cfg["tramer"]["model"].update(epochs=2, batch_size=20)
+    cfg["abadi"]["fig3"].update(n_train=100, n_test=0, pca_dims=8, hidden=8, lot_size=20,
+                                max_epochs=1)
+    cfg["abadi"]["fig6"].update(public_images=60, private_images=80, test_images=40,
+                                hidden=[8], max_epochs=1,
+                                levels=[{"name": n, "lot_size": 20, "eps": e}
+                                        for n, e in (("eps2", 2.0), ("eps8", 8.0))])
+    return cfg
 
-    # The reference target draws kept tables in another folder, training nothing.
-    ref, fresh = tmp_path / "ref", tmp_path / "fresh"
-    ref.mkdir()
-    for name in ("jagielski_fig2.csv", "jagielski_table2.csv"):
-        (ref / name).write_bytes((tmp_path / "results" / name).read_bytes())
-    out = snakemake("jagielski_reference", "--cores", "1", "--directory", str(fresh),
-                    "--configfile", str(write_config(tmp_path, {**cfg, "reference_dir": str(ref)})))
-    assert out.returncode == 0, out.stderr
-    for name in ("jagielski_fig2", "jagielski_table2"):
-        assert (fresh / f"figures/reference/{name}.png").stat().st_size > 0
-    assert (fresh / "results/reference/jagielski_table2.md").read_text() == md
-    assert not (fresh / "results/jagielski").exists()
 
-    # Growing the grid: a new clip reruns only the job of its group ...
-    jag["table2"]["clips"] = [1.0, 2.0]
-    dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(tmp_path),
-                    "--configfile", str(write_config(tmp_path, cfg)))
-    assert dry.returncode == 0, dry.stderr
-    assert _score_outputs(dry.stdout) == ["fmnist_fnn_clipbkd"]
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """One run of the whole DAG at :func:`_tiny_config`, shared by the tests of
+    :class:`TestTinyRun` (with pytest-xdist a class runs in one worker, tests/conftest.py,
+    so the run is made once); they only read it (a test that reruns jobs works on a
+    copy)."""
+    run = tmp_path_factory.mktemp("tiny_run")
+    _fake_image_data(run / "data")
+    cfg = _tiny_config(run / "data")
+    conf = write_config(run, cfg)
+    # One thread per job: the jobs are tiny, and two of them then run at once (training
+    # jobs ask for 2 threads, which would run them one at a time).
+    out = snakemake("--cores", "2", "--max-threads", "1", "--directory", str(run),
+                    "--configfile", str(conf), timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return SimpleNamespace(dir=run, cfg=cfg, conf=conf)
 
-    # ... a new eps label reruns its group's job, which reuses its kept blocks for the
-    # finished cell (the same bytes) and trains only the new one; then nothing is out of
-    # date.
-    jag["table2"]["clips"] = [1.0]
-    jag["fig2"]["eps"] = ["4", "8"]
-    e4 = (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes()
-    target = "results/jagielski/scores/cifar_lr_mi"
-    conf = str(write_config(tmp_path, cfg))
-    out = snakemake(target, "--cores", "2", "--directory", str(tmp_path), "--configfile", conf)
-    assert out.returncode == 0, out.stderr
-    log = (tmp_path / "logs/jagielski_train/cifar_lr_mi.log").read_text()
-    assert "2 cells x 2 blocks of trials: 16 models restored, 16 to train" in log, log
-    assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
-    assert read_table(scores_dir / "cifar_lr_mi/c1_g1_e8.csv")[1]["cell"]["noise"] == 1.02
-    again = snakemake(target, "-n", "--cores", "1", "--directory", str(tmp_path),
-                      "--configfile", conf)
-    assert "Nothing to be done" in again.stdout + again.stderr
 
-    # A job interrupted halfway (its outputs gone, one block kept): it trains the rest.
-    (tmp_path / "results/jagielski/trained/cifar_lr_mi/in_000000-000008.csv").unlink()
-    for made in ("results/jagielski_fig2.csv", "figures/jagielski_fig2.pdf",
-                 "figures/jagielski_fig2.png"):
-        (tmp_path / made).unlink(missing_ok=True)
-    import shutil
+@pytest.mark.slow
+class TestTinyRun:
+    """The report and the Jagielski grids, read from one tiny run of the whole DAG."""
 
-    shutil.rmtree(scores_dir / "cifar_lr_mi")
-    dry = snakemake(target, "-n", "--cores", "1", "--directory", str(tmp_path),
-                    "--configfile", conf)
-    assert _score_outputs(dry.stdout) == ["cifar_lr_mi"]
-    out = snakemake(target, "--cores", "2", "--directory", str(tmp_path), "--configfile", conf)
-    assert out.returncode == 0, out.stderr
-    log = (tmp_path / "logs/jagielski_train/cifar_lr_mi.log").read_text()
-    assert "16 models restored, 16 to train" in log, log
-    assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
+    def test_report_holds_every_figure_with_its_caption(self, tiny_run, tmp_path):
+        """`--report report.zip` after the run: every figure of `all` (and Table 2 as an
+        HTML table) is in it, with its caption rendered from the config, and no markup
+        warning. The captions quote the config, so a config other than the run's is
+        refused."""
+        run = tiny_run.dir
+        out = snakemake("--report", str(tmp_path / "report.zip"), "--directory", str(run),
+                        "--configfile", str(tiny_run.conf))
+        assert out.returncode == 0, out.stderr[-3000:]
+        # docutils' system messages (a duplicate link target, ...): terminal and page
+        messages = re.findall(r".*\((?:INFO|WARNING|ERROR|SEVERE)/\d\).*",
+                              out.stdout + out.stderr)
+        assert not messages, messages
+        with zipfile.ZipFile(tmp_path / "report.zip") as zf:
+            names = zf.namelist()
+            index = next(zf.read(n).decode() for n in names if n.endswith("report.html"))
+        assert "system-message" not in index and "Duplicate explicit target" not in index
+        figures = sorted(p.name for p in (run / "figures").glob("*.png"))
+        assert len(figures) == 13
+        for name in figures + ["jagielski_table2.html"]:
+            assert any(n.endswith("/" + name) for n in names), name
+        assert "<table" in (run / "results/jagielski_table2.html").read_text()
+        # captions are rendered with the config: the tiny run's 8 trials, its Tramer claim
+        assert "8 trials per side" in index and "0.21" in index
+        assert "How to read a bound" in index
+
+        out = snakemake("--report", str(tmp_path / "other.zip"), "--directory", str(run),
+                        "--configfile", str(tiny_run.conf), "--config",
+                        "jagielski={trials: 40}")
+        assert out.returncode != 0 and not (tmp_path / "other.zip").exists()
+        differ = re.findall(r"^  (\S.* in this config)$", out.stdout + out.stderr, re.M)
+        assert differ == [
+            "jagielski.trials: 8 in results/jagielski_fig2.csv, 40 in this config"]
+        assert "--configfile" in out.stdout + out.stderr
+
+    def test_jagielski_figures_end_to_end_and_grids_resume(self, tiny_run, tmp_path):
+        """Figure 2 and Table 2 from tiny real-format data; growing the grid trains only the
+        new cells, and a grid interrupted before its table reruns only its unfinished jobs."""
+        import shutil
+
+        run, cfg = tiny_run.dir, copy.deepcopy(tiny_run.cfg)
+        for name in ("jagielski_fig2", "jagielski_table2", "trials_needed"):
+            for ext in ("pdf", "png"):
+                assert (run / f"figures/{name}.{ext}").stat().st_size > 0
+        fig2, meta = read_table(run / "results/jagielski_fig2.csv")
+        assert meta["seed"] == 3 and meta["spec"]["alpha"] == 0.01
+        assert len(fig2) == 2 * 3  # data sets x attacks
+        assert set(fig2.attack) == {"mi", "backdoor", "clipbkd"}
+        assert fig2.eps_th.gt(0).all() and (fig2.trials == 8).all()
+        assert (fig2.eps_lb_best_k >= fig2.eps_lb).all() and (fig2.eps_lb >= 0).all()
+        for column in ("eps_lb_katz", "eps_lb_bayes", "tpr_at_fpr_0_1pct", "tpr_at_fpr_1pct",
+                       "auc"):
+            assert (fig2[column] >= 0).all(), column
+        needed, _ = read_table(run / "results/trials_needed.csv")
+        assert sorted(needed.n.unique()) == [4, 8] and len(needed) == 2 * 2
+        cifar = fig2[fig2.dataset == "cifar"]
+        assert cifar.pretrained_on.str.startswith("cifar10-other-classes").all()
+        md = (run / "results/jagielski_table2.md").read_text()
+        assert "(1.55)" in md and "(0.75)" in md  # the noise and the paper's value, fixed init
+        scores, prov = read_table(
+            run / "results/jagielski/scores/fmnist_fnn_clipbkd/c1_fixed_e4.csv")
+        assert prov["seed"] == 3 and prov["cell"]["noise"] == 1.55
+        assert prov["trainer"]["device"] == "cpu"  # the GPUs hidden (snakemake())
+        assert len(scores) == 8 * 3 and scores.seed.nunique() == 24
+
+        # The reference target draws kept tables in another folder, training nothing.
+        ref, fresh = tmp_path / "ref", tmp_path / "fresh"
+        ref.mkdir()
+        for name in ("jagielski_fig2.csv", "jagielski_table2.csv"):
+            (ref / name).write_bytes((run / "results" / name).read_bytes())
+        out = snakemake("jagielski_reference", "--cores", "1", "--directory", str(fresh),
+                        "--configfile",
+                        str(write_config(tmp_path, {**cfg, "reference_dir": str(ref)})))
+        assert out.returncode == 0, out.stderr
+        for name in ("jagielski_fig2", "jagielski_table2"):
+            assert (fresh / f"figures/reference/{name}.png").stat().st_size > 0
+        assert (fresh / "results/reference/jagielski_table2.md").read_text() == md
+        assert not (fresh / "results/jagielski").exists()
+
+        # On a copy of the run (timestamps kept): growing the grid, a new clip reruns only the
+        # job of its group ...
+        shutil.copytree(run, tmp_path / "run")
+        run = tmp_path / "run"
+        scores_dir = run / "results/jagielski/scores"
+        jag = cfg["jagielski"]
+        jag["table2"]["clips"] = [1.0, 2.0]
+        targets = ["figures/jagielski_fig2.pdf", "figures/jagielski_table2.pdf",
+                   "figures/trials_needed.pdf"]
+        dry = snakemake(*targets, "-n", "--cores", "1", "--directory", str(run),
+                        "--configfile", str(write_config(tmp_path, cfg)))
+        assert dry.returncode == 0, dry.stderr
+        assert _score_outputs(dry.stdout) == ["fmnist_fnn_clipbkd"]
+
+        # ... a new eps label reruns its group's job, which reuses its kept blocks for the
+        # finished cell (the same bytes) and trains only the new one; then nothing is out of
+        # date.
+        jag["table2"]["clips"] = [1.0]
+        jag["fig2"]["eps"] = ["4", "8"]
+        e4 = (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes()
+        target = "results/jagielski/scores/cifar_lr_mi"
+        conf = str(write_config(tmp_path, cfg))
+        out = snakemake(target, "--cores", "2", "--directory", str(run), "--configfile", conf)
+        assert out.returncode == 0, out.stderr
+        log = (run / "logs/jagielski_train/cifar_lr_mi.log").read_text()
+        assert "2 cells x 2 blocks of trials: 16 models restored, 16 to train" in log, log
+        assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
+        assert read_table(scores_dir / "cifar_lr_mi/c1_g1_e8.csv")[1]["cell"]["noise"] == 1.02
+        again = snakemake(target, "-n", "--cores", "1", "--directory", str(run),
+                          "--configfile", conf)
+        assert "Nothing to be done" in again.stdout + again.stderr
+
+        # A job interrupted halfway (its outputs gone, one block kept): it trains the rest.
+        (run / "results/jagielski/trained/cifar_lr_mi/in_000000-000008.csv").unlink()
+        for made in ("results/jagielski_fig2.csv", "figures/jagielski_fig2.pdf",
+                     "figures/jagielski_fig2.png"):
+            (run / made).unlink(missing_ok=True)
+        shutil.rmtree(scores_dir / "cifar_lr_mi")
+        dry = snakemake(target, "-n", "--cores", "1", "--directory", str(run),
+                        "--configfile", conf)
+        assert _score_outputs(dry.stdout) == ["cifar_lr_mi"]
+        out = snakemake(target, "--cores", "2", "--directory", str(run), "--configfile", conf)
+        assert out.returncode == 0, out.stderr
+        log = (run / "logs/jagielski_train/cifar_lr_mi.log").read_text()
+        assert "16 models restored, 16 to train" in log, log
+        assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
 
 
 def _score_outputs(dry_run: str) -> list[str]:

@@ -78,6 +78,74 @@ def validate_section(spec, *path: str, schema_node: dict | None = None):
     return spec
 
 
+def typed_from_text(config: dict, *path: str) -> dict:
+    """``config`` (the section at ``path``) with, in place, every string where the schema
+    wants a number, boolean or null replaced by its text read as one (a number out of
+    range then fails validation as that number): Snakemake reads every value inside a
+    nested ``--config`` entry as text (``--config jagielski='{trials: 3}'`` gives
+    ``{"trials": "3"}``). A string the schema accepts is left alone (an eps label ``"8"``,
+    a path)."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(section_schema(*path) if path else schema())
+    while True:
+        fixes = []
+        for err in validator.iter_errors(config):
+            if isinstance(err.instance, str) and err.absolute_path:
+                for read in (int, float, yaml.safe_load):
+                    try:
+                        value = read(err.instance)
+                    except (ValueError, yaml.YAMLError):
+                        continue
+                    kinds = Draft202012Validator(err.schema).iter_errors(value)
+                    if not isinstance(value, str) and all(e.validator != "type" for e in kinds):
+                        fixes.append((list(err.absolute_path), value))
+                        break
+        if not fixes:
+            return config
+        for keys, value in fixes:
+            node = config
+            for key in keys[:-1]:
+                node = node[key]
+            node[keys[-1]] = value
+
+
+def results_mismatch(config: dict, tables: dict) -> list[str]:
+    """Where the result tables at hand were made with other values than ``config``'s, one
+    line per key and value (``jagielski.trials: 40 in results/jagielski_fig2.csv, 1000 in
+    this config``, naming the first table). ``tables``: {path: (its config section,
+    dotted; {column: key of that section})}. Of each table that exists: the provenance's
+    seed, every key its recorded spec shares with the section, and the largest value of
+    each named column."""
+    import json
+
+    from .io import read_provenance, read_table
+
+    norm = lambda v: json.loads(json.dumps(v, sort_keys=True, default=str))  # noqa: E731
+    found = []
+    for path, (dotted, columns) in tables.items():
+        if not Path(path).is_file():
+            continue
+        section = config
+        for key in dotted.split("."):
+            section = section[key]
+        made = read_provenance(path)
+        recorded = {"seed": (made.get("seed"), config["seed"])}
+        recorded.update({f"{dotted}.{k}": (v, section[k])
+                         for k, v in made.get("spec", {}).items() if k in section})
+        if columns:
+            rows = read_table(path)[0]
+            recorded.update({f"{dotted}.{key}": (rows[col].max().item(), section[key])
+                             for col, key in columns.items() if col in rows})
+        found += [(key, norm(was), norm(now), path) for key, (was, now) in recorded.items()
+                  if norm(was) != norm(now)]
+    first = {}  # one line per key and value, naming the first table that holds it
+    for key, was, now, path in found:
+        first.setdefault((key, json.dumps(was), json.dumps(now)), (was, now, path))
+    return [f"{key}: {was!r} in {path}, {now!r} in this config"
+            for (key, _, _), (was, now, path) in first.items()]
+
+
 def _kind(node: dict) -> str:
     if "const" in node:
         return f"`{node['const']}`"

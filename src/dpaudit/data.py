@@ -100,15 +100,19 @@ def select_classes(y: np.ndarray, classes: Sequence[int]) -> tuple[np.ndarray, n
 # ----------------------------------------------------------------------------- FMNIST
 
 def _fmnist_missing(root: Path, debian_dir: Path, download_error: Exception | None) -> DataNotFound:
-    msg = (f"Fashion-MNIST not found. Looked in {root / 'FashionMNIST' / 'raw'} "
-           f"(torchvision layout: {', '.join(FMNIST_FILES)}, optionally .gz) and in {debian_dir} "
-           "(Debian package). To get it: `sudo apt-get install -y dataset-fashion-mnist` "
-           "(files land in /usr/share/datasets/fashion-mnist/; without root: `apt-get download "
-           "dataset-fashion-mnist && dpkg-deb -x dataset-fashion-mnist_*.deb DIR` and point "
-           "debian_dir at DIR/usr/share/datasets/fashion-mnist), or copy the four IDX files into "
-           f"{root / 'FashionMNIST' / 'raw'}, or set download: true (needs internet).")
+    raw = root / "FashionMNIST" / "raw"
+    msg = (f"Fashion-MNIST not found. Looked in {raw} (data.root = {root}; torchvision layout: "
+           f"{', '.join(FMNIST_FILES)}, optionally .gz) and in {debian_dir} (Debian package).")
     if download_error is not None:
-        msg += f" The torchvision download failed: {download_error}"
+        msg += (f" The torchvision download failed (no internet?): {download_error}. Offline: "
+                "install the Debian package and set data.download: false.")
+    else:
+        msg += (" To get it: set data.download: true (needs internet), or install the Debian "
+                "package.")
+    msg += (" The package: `sudo apt-get install -y dataset-fashion-mnist` (or, without root, "
+            "`apt-get download dataset-fashion-mnist && dpkg-deb -x dataset-fashion-mnist_*.deb "
+            f"DIR` and copy DIR{FMNIST_DEBIAN_DIR}/*.gz into {raw}). Offline set-up: "
+            "docs/data.md, section Offline.")
     return DataNotFound(msg)
 
 
@@ -183,8 +187,9 @@ def ensure_extracted(tar: str | os.PathLike, dest: str | os.PathLike) -> Path:
     if (dest / "train").is_dir() and (dest / "test").is_dir():
         return dest
     if not tar.is_file():
-        raise DataNotFound(f"CIFAR-10 tarball {tar} not found (expected cifar10-jpeg.tar.gz, "
-                           "an ImageFolder tree train/<class>/*, test/<class>/*).")
+        raise DataNotFound(f"data.cifar10_tarball = {tar}: no such file (an ImageFolder tarball, "
+                           "train/<class>/*, test/<class>/*, e.g. cifar10-jpeg.tar.gz; "
+                           "docs/data.md, section Offline).")
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".extract-", dir=dest) as tmp:
         with tarfile.open(tar) as tf:
@@ -198,18 +203,22 @@ def ensure_extracted(tar: str | os.PathLike, dest: str | os.PathLike) -> Path:
     return dest
 
 
-def _cifar_missing(name: str, root: Path, download_error: Exception | None, extra: str) -> DataNotFound:
+def _cifar_missing(name: str, root: Path, download_error: Exception | None,
+                   extra: str) -> DataNotFound:
+    """What the user of the workflow can do, in its config keys (docs/data.md, Offline)."""
     folder = {"CIFAR-10": "cifar-10-batches-py", "CIFAR-100": "cifar-100-python"}[name]
-    msg = (f"{name} not found. Looked for torchvision's {root / folder}/{extra}. To get it: "
-           f"set download: true (torchvision downloads it into {root}; needs internet), or copy "
-           f"an existing {folder}/ folder into {root}.")
-    if name == "CIFAR-10":
-        msg += (f" Or unpack an ImageFolder tarball (train/<class>/*, test/<class>/*; e.g. "
-                f"cifar10-jpeg.tar.gz of the project's shared/data/) into {root}: "
-                f"dpaudit.data.ensure_extracted(tarball, {root}), or pass tarball=....")
+    msg = (f"{name} not found. Looked for torchvision's {root / folder}/{extra} "
+           f"(data.root = {root}).")
+    tarball = ("data.cifar10_tarball: an ImageFolder tarball (train/<class>/*, test/<class>/*, "
+               "e.g. cifar10-jpeg.tar.gz), unpacked into data.root once" if name == "CIFAR-10"
+               else f"data.root or data.cifar100_root: a folder holding {folder}/")
     if download_error is not None:
-        msg += f" The torchvision download failed: {download_error}"
-    return DataNotFound(msg)
+        msg += (f" The torchvision download failed (no internet?): {download_error}. Offline, "
+                f"set {tarball}, and data.download: false.")
+    else:
+        msg += (f" To get it: set data.download: true (torchvision downloads it into data.root; "
+                f"needs internet), or {tarball}, or copy an existing {folder}/ into data.root.")
+    return DataNotFound(msg + " Offline set-up: docs/data.md, section Offline.")
 
 
 def _torchvision_cifar(cls, root: Path, train: bool, download: bool):

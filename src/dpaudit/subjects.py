@@ -62,6 +62,8 @@ SUBJECT_KEYS = {
     "n_classes": "number of classes [max label + 1]",
     "accountant": "accounting method for sigma ['rdp']",
     "n": "data-set size the sample rate refers to [len(X)]",
+    "device": "where the runs train: 'auto' (a GPU where torch sees one), 'cpu' or 'cuda' "
+              "['auto']",
 }
 
 
@@ -91,7 +93,8 @@ def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict):
 
 def _train(X, y, seeds, spec, noise_std_of):
     model, cfg, sigma, q, steps = _plan(X, y, spec)
-    params = dpsgd.train_with_noise_std(X, y, model, cfg, list(seeds), noise_std_of(cfg, q, spec))
+    params = dpsgd.train_with_noise_std(X, y, model, cfg, list(seeds), noise_std_of(cfg, q, spec),
+                                        device=spec.get("device", "auto"))
     return lambda x: dpsgd.logits(params, x, model)
 
 
@@ -130,7 +133,8 @@ def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
         return None
     model, cfg, sigma, q, steps = _plan(X, y, spec)
     stds = [_NOISE_STD[fn](cfg, q, spec) for fn in fns]
-    params = dpsgd.train_with_noise_std(X, y, model, [cfg] * len(fns), list(seeds), stds)
+    params = dpsgd.train_with_noise_std(X, y, model, [cfg] * len(fns), list(seeds), stds,
+                                        device=spec.get("device", "auto"))
     return [lambda x, p=p: dpsgd.logits(p, x, model) for p in params]
 
 

@@ -32,7 +32,7 @@ rule hw3_plot:
         png=report(
             "figures/hw3_eps_vs_{grid}.png",
             caption="../report/hw3.rst",
-            category="HW3: Gaussian sum, one run",
+            category="HW3 - Gaussian sum, one run",
             subcategory="eps_LB against {grid}",
         ),
     wildcard_constraints:

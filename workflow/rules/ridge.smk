@@ -26,7 +26,7 @@ rule ridge_plot:
         png=report(
             "figures/ridge_audit.png",
             caption="../report/ridge_audit.rst",
-            category="HW3: private ridge regression",
+            category="HW3 - private ridge regression",
             subcategory="eps_LB against eps",
         ),
     localrule: True

@@ -121,17 +121,20 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     test = tuple(torch.as_tensor(a) for a in load_fmnist(root, classes=plan["classes"],
                                                          train=False, download=download))
     canary = canaries.make_canary(canary_kind, X, y, plan["label"])
+    # Where dpaudit's trainer runs each registry subject (its spec's `device`); a user's
+    # function chooses its own.
+    registry = [(t, s) for t, fn, s in plan["plans"] if fn in subjects.SUBJECTS.values()]
+    devices = {t: describe(s.get("device", "auto")) for t, s in registry}
     kept = {}
     if store is not None:  # what a kept batch of runs depends on, per implementation
         common = {"seed": seed, "data_sha256": array_digest({"X": X, "y": y}),
-                  "canary": [canary_kind, plan["label"]], "trainer": tramer.trainer_digest(),
-                  "device": {k: describe()[k] for k in REPRODUCE_KEYS}}
+                  "canary": [canary_kind, plan["label"]], "trainer": tramer.trainer_digest()}
         # Only the registry subjects (the digest does not cover a user's code); those of
         # one spec train as columns of one call, which the key names (a column's models
         # equal a subject's alone to float rounding only).
-        registry = [(t, s) for t, fn, s in plan["plans"] if fn in subjects.SUBJECTS.values()]
         kept = {target: (fn, store / re.sub(r"[^A-Za-z0-9]+", "_", target),
                          {"implementation": target, "spec": spec, **common,
+                          "device": {k: devices[target][k] for k in REPRODUCE_KEYS},
                           "columns": sorted(t for t, s in registry if s == spec)})
                 for target, fn, spec in plan["plans"] if (target, spec) in registry}
     rows, losses = [], []
@@ -156,9 +159,11 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     table = table[COLUMNS + [c for c in table.columns if c not in COLUMNS]]
     loss_table = pd.concat(losses, ignore_index=True)
     loss_table = loss_table[["implementation"] + [c for c in loss_table if c != "implementation"]]
-    # The device dpaudit's trainer used (the registry subjects train there): with CUDA the
-    # same seeds draw other random streams than on the CPU.
-    provenance = {**provenance, "device": describe()}
+    # The device dpaudit's trainer used for the registry subjects: with CUDA the same seeds
+    # draw other random streams than on the CPU.
+    if devices:
+        provenance = {**provenance, "device": next(iter(devices.values())) if len(
+            {d["device"] for d in devices.values()}) == 1 else devices}
     write_table(loss_table, losses_path or out.with_name(f"{out.stem}_losses.csv"), provenance)
     write_table(table, out, provenance)
 

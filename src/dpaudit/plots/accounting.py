@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ..io import read_table
-from .style import COLORS, figure, save
+from .style import COLORS, figure, legend_below, save
 
 #: method -> (label, colour, line style), in legend order.
 _ABADI = {
@@ -55,8 +55,7 @@ def plot_abadi_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     axes[0].set_title(rf"q = {first.sample_rate:g}, $\sigma$ = {first.sigma:g}, "
                       rf"$\delta$ = {first.delta:g} (Abadi et al. Fig. 2)")
     axes[1].set_title("same, log scale")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=3,
-               bbox_to_anchor=(0.5, 0.0), frameon=False)
+    legend_below(fig, axes, *axes[0].get_legend_handles_labels(), ncol=3)
     save(fig, out)
 
 
@@ -73,5 +72,6 @@ def plot_composition(table: str | os.PathLike, out: str | os.PathLike) -> None:
     ax.set_ylim(0, None)
     ax.set_title(rf"Composing $\varepsilon_0$ = {first.eps0:g}-DP steps, "
                  rf"$\delta'$ = {first.delta_prime:g}")
-    ax.legend(loc="upper left")
+    # below the axes: inside, the legend would cover the steep lines at large k
+    legend_below(fig, [ax], *ax.get_legend_handles_labels(), ncol=1)
     save(fig, out)

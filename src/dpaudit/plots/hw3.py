@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from ..io import read_table
-from .style import COLORS, figure, save
+from .style import COLORS, figure, legend_below, save
 
 _XLABEL = {"eps": r"target $\varepsilon$ of the calibration", "m": "number of canaries $m$",
            "d": "dimension $d$"}
@@ -82,11 +82,10 @@ def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> No
     fixed = {k: sorted(df[k].unique()) for k in ("eps", "m", "d") if k != grid}
     desc = ", ".join(f"{k}={v[0]:g}" if len(v) == 1 else f"{k} varies" for k, v in fixed.items())
     fig.suptitle(f"HW3 {_QUESTION[grid]}: one-run audit of the Gaussian sum ({desc}, "
-                 rf"$\delta$={df.delta.iloc[0]:g}, $\beta$={df.beta.iloc[0]:g}); "
-                 f"mean of {df.repeat.nunique()} repeats, band = min-max of the "
-                 r"$(\varepsilon,\delta)$ bound", fontsize=10, y=1.04)
+                 rf"$\delta$={df.delta.iloc[0]:g}, $\beta$={df.beta.iloc[0]:g})"
+                 f"\nmean of {df.repeat.nunique()} repeats, band = min-max of the "
+                 r"$(\varepsilon,\delta)$ bound", fontsize=10, y=1.08)
     axes[0, 0].set_ylabel(r"$\varepsilon$: mean of per-run 95% bounds; true "
                           r"$\varepsilon(\delta)$")
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper center", ncol=2,
-               bbox_to_anchor=(0.5, 0.0))
+    legend_below(fig, axes, *axes[0, 0].get_legend_handles_labels())
     save(fig, out)

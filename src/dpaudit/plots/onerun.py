@@ -10,7 +10,7 @@ import numpy as np
 from ..io import read_table
 from ..experiments.jagielski import eps_label
 from .jagielski import ARCH_NAMES
-from .style import figure, save
+from .style import figure, legend_below, save
 
 #: (canary, threat model) -> (legend name, colour).
 LINES = {("input", "black-box"): ("black-box input canaries", "#2ca02c"),
@@ -107,9 +107,8 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
     for ax in axes[0]:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=2,
-               bbox_to_anchor=(0.5, -0.06),
-               title="each one-run bound comes from one training run"
-                     + ("; each many-model bound from (1 + len(ks)) x trials models"
-                        if mm is not None else ""))
+    legend_below(fig, axes, list(handles.values()), list(handles),
+                 title="each one-run bound comes from one training run"
+                       + ("; each many-model bound from (1 + len(ks)) x trials models"
+                          if mm is not None else ""))
     save(fig, out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import matplotlib
@@ -51,6 +52,60 @@ def figure(nrows: int = 1, ncols: int = 1, **kw):
         w, h = STYLE["figure.figsize"]
         kw.setdefault("figsize", (w * ncols, h * nrows))
         return plt.subplots(nrows, ncols, **kw)
+
+
+#: A word of a label for wrapping: a run of non-space text, $math$ kept whole.
+_WORD = re.compile(r"(?:\$[^$]*\$|[^\s$])+")
+
+
+def _shown_length(text: str) -> int:
+    """Roughly how many characters ``text`` shows (mathtext commands count as one)."""
+    return len(re.sub(r"\\[a-zA-Z]+", "x", re.sub(r"[${}^_]", "", text)))
+
+
+def _wrap(label: str, width: int) -> str:
+    lines: list[str] = []
+    for word in _WORD.findall(label):
+        if lines and _shown_length(lines[-1]) + 1 + _shown_length(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
+def legend_below(fig, axes, handles, labels, ncol: int = 2, title: str | None = None, **kw):
+    """``fig.legend`` centred under ``axes`` and no wider than they are (with their tick
+    and axis labels): labels and ``title`` are wrapped at spaces until it fits, in fewer
+    columns where a column would get narrower than about 28 characters, so that a figure
+    saved with a tight bounding box keeps its panels at its full width. ``kw`` goes to
+    ``fig.legend``."""
+    axes = list(getattr(axes, "flat", axes))
+    renderer = fig.canvas.get_renderer()
+    with plt.rc_context(STYLE):
+        boxes = [ax.get_tightbbox(renderer) for ax in axes]
+        left, right = min(b.x0 for b in boxes), max(b.x1 for b in boxes)
+        bottom = min(b.y0 for b in boxes)
+        anchor = fig.transFigure.inverted().transform([((left + right) / 2, bottom)])[0]
+        text, head, legend = list(labels), title, None
+        for _ in range(12):
+            if legend is not None:
+                legend.remove()
+            legend = fig.legend(handles, text, loc="upper center", ncol=ncol, title=head,
+                                bbox_to_anchor=tuple(anchor), **kw)
+            wide = legend.get_window_extent(renderer).width
+            if wide <= right - left:
+                break
+            shrink = 0.95 * (right - left) / wide
+            width = int(shrink * max(_shown_length(line)
+                                     for t in text for line in t.split("\n")))
+            if width < 28 and ncol > 1:  # too narrow: one column fewer, labels whole again
+                ncol, text, head = ncol - 1, list(labels), title
+                continue
+            text = [_wrap(label, max(width, 12)) for label in labels]
+            if head:
+                longest = max(map(_shown_length, head.split("\n")))
+                head = _wrap(title, max(12, int(shrink * longest)))
+    return legend
 
 
 def save(fig, path: str | os.PathLike) -> None:

@@ -1,0 +1,42 @@
+# `snakemake --report`: the captions quote the config (trials, repeats, grids, claims), so
+# the config must be the one that made the results; another one stops with the
+# differences instead of captioning the figures with its values.
+import sys
+
+from dpaudit.config import results_mismatch
+
+# The tables of the report's figures -> (their config section, {column: key of it}).
+REPORTED_TABLES = {
+    **{f"results/hw3_eps_vs_{grid}.csv": ("hw3", {}) for grid in ("eps", "m", "d")},
+    "results/abadi_fig2.csv": ("accounting.abadi", {}),
+    "results/composition.csv": ("accounting.composition", {}),
+    "results/ridge_audit.csv": ("ridge", {}),
+    "results/jagielski_fig2.csv": ("jagielski", {"trials": "trials"}),
+    "results/jagielski_table2.csv": ("jagielski", {"trials": "trials"}),
+    "results/trials_needed.csv": ("trials_needed", {}),
+    "results/onerun_dpsgd.csv": ("onerun", {}),
+    "results/tramer_audit.csv": ("tramer", {}),
+    **{path: (f"abadi.{figure}", {}) for figure in ("fig3", "fig6")
+       for path in level_paths(ABADI, figure)},
+}
+
+
+def building_report(argv):
+    """`snakemake --report [FILE]` on finished results (`--report-after-run` runs first)."""
+    return "--report-after-run" not in argv and any(
+        a == "--report" or a.startswith("--report=") for a in argv
+    )
+
+
+if building_report(sys.argv[1:]):
+    differ = results_mismatch(config, REPORTED_TABLES)
+    if differ:
+        raise WorkflowError(
+            "--report: the results here were made with another config than this one, and "
+            "the captions would quote this one's values:\n  "
+            + "\n  ".join(differ[:8])
+            + (f"\n  ... and {len(differ) - 8} more" if len(differ) > 8 else "")
+            + "\nBuild the report with the run's --configfile (after a quick run: "
+            "`snakemake --report report.zip --configfile config/quick.yaml`), or rerun the "
+            "workflow with this config first."
+        )
