@@ -137,19 +137,28 @@ def fmnist_raw(root: str | os.PathLike | None = None, train: bool = True, downlo
     read by ``torchvision.datasets.FashionMNIST`` (sources in the module docstring)."""
     root, debian_dir = _root(root), Path(debian_dir)
     raw = root / "FashionMNIST" / "raw"
-    download_error = None
     have = all((raw / n).is_file() for n in FMNIST_FILES)
     for gz_dir in (raw, debian_dir):  # .gz copies (as downloaded, or Debian's): decompress
         have = have or _decompress_idx_gz(gz_dir, raw)
+    return _read_idx("FashionMNIST", root, have, train, download,
+                     lambda err: _fmnist_missing(root, debian_dir, err))
+
+
+def _read_idx(dataset: str, root: Path, have: bool, train: bool, download: bool,
+              missing) -> tuple[np.ndarray, np.ndarray]:
+    """Images and labels of torchvision's ``dataset`` (``"FashionMNIST"``, ``"MNIST"``)
+    from its raw IDX files under ``root``; where they are not there (``have`` false),
+    downloaded first when ``download``, else ``missing(download_error)`` is raised."""
+    download_error = None
     if not have and download:
         try:
-            _datasets().FashionMNIST(root, train=train, download=True)
+            getattr(_datasets(), dataset)(root, train=train, download=True)
             have = True
         except Exception as err:  # noqa: BLE001 - any network/mirror failure means "not found"
             download_error = err
     if not have:
-        raise _fmnist_missing(root, debian_dir, download_error)
-    ds = _datasets().FashionMNIST(root, train=train, download=False)
+        raise missing(download_error)
+    ds = getattr(_datasets(), dataset)(root, train=train, download=False)
     return ds.data.numpy(), ds.targets.numpy().astype(np.int64)
 
 
@@ -325,25 +334,19 @@ def mnist_raw(root: str | os.PathLike | None = None, train: bool = True,
     root = _root(root)
     raw = root / "MNIST" / "raw"
     have = all((raw / n).is_file() for n in FMNIST_FILES) or _decompress_idx_gz(raw, raw)
-    download_error = None
-    if not have and download:
-        try:
-            _datasets().MNIST(root, train=train, download=True)
-            have = True
-        except Exception as err:  # noqa: BLE001 - any network/mirror failure means "not found"
-            download_error = err
-    if not have:
-        msg = (f"MNIST not found. Looked in {raw} (torchvision layout: "
-               f"{', '.join(FMNIST_FILES)}, optionally .gz). To get it: set download: true "
-               f"(torchvision downloads it; needs internet), or copy the four IDX files of "
-               f"the MNIST database (LeCun, Cortes & Burges) into {raw}. Offline without "
-               "them, run the Abadi et al. Figure 3 pipeline on Fashion-MNIST "
-               "(abadi.fig3.dataset: fmnist).")
-        if download_error is not None:
-            msg += f" The torchvision download failed: {download_error}"
-        raise DataNotFound(msg)
-    ds = _datasets().MNIST(root, train=train, download=False)
-    return ds.data.numpy(), ds.targets.numpy().astype(np.int64)
+    return _read_idx("MNIST", root, have, train, download, lambda err: _mnist_missing(raw, err))
+
+
+def _mnist_missing(raw: Path, download_error) -> DataNotFound:
+    msg = (f"MNIST not found. Looked in {raw} (torchvision layout: "
+           f"{', '.join(FMNIST_FILES)}, optionally .gz). To get it: set download: true "
+           f"(torchvision downloads it; needs internet), or copy the four IDX files of "
+           f"the MNIST database (LeCun, Cortes & Burges) into {raw}. Offline without "
+           "them, run the Abadi et al. Figure 3 pipeline on Fashion-MNIST "
+           "(abadi.fig3.dataset: fmnist).")
+    if download_error is not None:
+        msg += f" The torchvision download failed: {download_error}"
+    return DataNotFound(msg)
 
 
 #: The 28x28 grey-level data sets with ten classes (Abadi et al.'s MNIST task, and
