@@ -18,6 +18,9 @@ FIGURES = ("fig3", "fig6")
 #: that the parser does not import torch).
 SHARED_KEYS = ("delta", "accountant")
 FEATURE_KEYS = ("public_images", "private_images", "test_images", "pretrain_epochs")
+#: What ``abadi-table`` keeps of each level table's provenance.
+LEVEL_PROVENANCE = ("figure", "spec", "level", "data", "features", "seed", "model_seed",
+                    "device", "epochs", "dataset", "n", "n_test", "dpaudit_version")
 
 
 def _say(command: str):
@@ -95,8 +98,9 @@ def _table(args) -> None:
     for path in args.tables:
         df, prov = read_table(path)
         frames.append(df)
-        sources[str(path)] = {k: prov.get(k) for k in ("figure", "level", "seed", "device",
-                                                       "epochs", "model_seed")}
+        # Each level's config (spec, level, data or features) and seeds, so that the summed
+        # table records what made every row.
+        sources[str(path)] = {k: prov[k] for k in LEVEL_PROVENANCE if k in prov}
     table = pd.concat(frames, ignore_index=True)
     write_table(table, args.out, {"command": "abadi-table", "levels": sources})
     from ..experiments.abadi import summary
