@@ -149,15 +149,18 @@ def epsilon_curve(sigma: float, sample_rate: float, steps, delta: float,
     r_gauss(a)`` converted as in :func:`epsilon`: a whole training curve costs one
     evaluation. ``pld`` composes the events for every point (exact composition, slow for
     long curves); ``gdp`` adds ``1/sigma_i^2`` to the CLT's ``mu^2`` (the Gaussians are
-    exactly ``1/sigma_i``-GDP). ``steps = 0`` is the Gaussians alone.
+    exactly ``1/sigma_i``-GDP). ``steps = 0`` is the Gaussians alone. A noise multiplier
+    of 0 (training or a Gaussian) gives eps = inf: that release is not DP.
     """
     _check_method(method)
     steps = np.asarray(steps)
     gaussians = [float(g) for g in gaussians]
     for t in steps.reshape(-1):
         _check_sgd(sigma, sample_rate, t, delta)
-    if not all(g > 0 for g in gaussians):
-        raise ValueError(f"gaussians={gaussians!r}: noise multipliers must be > 0")
+    if not all(g >= 0 for g in gaussians):
+        raise ValueError(f"gaussians={gaussians!r}: noise multipliers must be >= 0")
+    if 0.0 in gaussians:  # a noiseless release of a sensitivity-1 statistic: not DP at all
+        return np.full(steps.shape, math.inf)
     if sigma == 0:
         return np.where(steps > 0, math.inf, epsilon_curve(1.0, sample_rate, 0 * steps, delta,
                                                            method, gaussians))

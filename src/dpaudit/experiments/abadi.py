@@ -17,7 +17,8 @@ sensitivity 1 and noise multiplier sigma_p, run once on the whole training set. 
 training is T Poisson-subsampled Gaussian steps (rate q = L/N, noise multiplier sigma).
 Both are accounted together: their Renyi DP adds up (Mironov 2017, Proposition 1), and
 :func:`dpaudit.accounting.epsilon_curve` converts the sum at each epoch, so the eps of
-every row is that of the whole release, projection included (epoch 0: the PCA alone).
+every row is that of the whole release, projection included (epoch 0: the PCA alone);
+``sigma_pca = 0`` (the exact PCA, a non-private baseline) makes every eps inf.
 
 Figure 6 (section 5.3): CIFAR-10 on convolutional layers pretrained on public data
 (CIFAR-100 in the paper), the top layers (two fully connected layers of 384 units and
@@ -176,6 +177,16 @@ def train_curve(X, y, X_test, y_test, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDCo
 
 # ------------------------------------------------------------------------------ Figure 3
 
+def check_fig3_level(level: dict) -> None:
+    """A :class:`SpecError` naming the key for an eps target on a level whose PCA is exact
+    (``sigma_pca = 0``): that release is not DP (eps = inf), so no target can stop it."""
+    if level["sigma_pca"] == 0 and level["eps"] is not None:
+        raise SpecError(f"abadi.fig3.levels[{level['name']}].sigma_pca = 0 is the exact, "
+                        f"non-private PCA: the release is not DP (eps = inf), so eps target "
+                        f"{level['eps']} cannot stop it; set that level's eps to null (it "
+                        f"then trains max_epochs) or sigma_pca > 0")
+
+
 def fig3_level(spec: dict, level: dict, data_spec: dict, seed: int, device=None,
                log: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, dict]:
     """One noise level of Figure 3 (``level``: name, sigma, sigma_pca, eps): DP-PCA of the
@@ -185,12 +196,13 @@ def fig3_level(spec: dict, level: dict, data_spec: dict, seed: int, device=None,
 
     say = log or (lambda msg: None)
     name, ds = level["name"], spec["dataset"]
+    check_fig3_level(level)
     X, y = data.load_ten_class(ds, data_spec["root"], True, data_spec["download"])
     X_test, y_test = data.load_ten_class(ds, data_spec["root"], False, data_spec["download"])
     X, y = _subset(X, y, spec["n_train"], seeds.rng(seed, "abadi/fig3/train"))
     X_test, y_test = _subset(X_test, y_test, spec["n_test"], seeds.rng(seed, "abadi/fig3/test"))
     n, delta, method = len(y), spec["delta"], spec["accountant"]
-    gaussians = [level["sigma_pca"]] if level["sigma_pca"] > 0 else []
+    gaussians = [level["sigma_pca"]]  # 0: the exact PCA, whose release is not DP (eps = inf)
     epochs = epochs_for_eps(level["eps"], level["sigma"], n, spec["lot_size"],
                             spec["max_epochs"], delta, method, gaussians)
     say(f"{ds}: n={n}, n_test={len(y_test)}; level {name}: sigma={level['sigma']}, "
@@ -305,10 +317,13 @@ def fig6_level(spec: dict, level: dict, arrays: dict, pretrained_on: str, seed: 
 # ------------------------------------------------------------------------------ workflow
 
 def levels(abadi_cfg: dict, figure: str) -> dict[str, dict]:
-    """The levels of ``figure`` by name; a ValueError naming the key if names repeat."""
+    """The levels of ``figure`` by name; a ValueError naming the key if names repeat or a
+    Figure 3 level is refused by :func:`check_fig3_level`."""
     named = {lv["name"]: lv for lv in abadi_cfg[figure]["levels"]}
     if len(named) != len(abadi_cfg[figure]["levels"]):
         raise ValueError(f"abadi.{figure}.levels: every level needs its own name")
+    for level in named.values() if figure == "fig3" else ():
+        check_fig3_level(level)
     return named
 
 
