@@ -140,7 +140,24 @@ def test_dp_pca_without_noise_is_the_top_singular_vectors_of_the_unit_rows():
     noisy = abadi.dp_pca(X, 4, 2.0, np.random.default_rng(1))
     np.testing.assert_allclose(noisy.T @ noisy, np.eye(4), atol=1e-5)
     np.testing.assert_array_equal(noisy, abadi.dp_pca(X, 4, 2.0, np.random.default_rng(1)))
-    assert not np.allclose(np.abs(noisy.T @ ref), np.eye(4), atol=1e-3)
+
+
+@pytest.mark.parametrize("sigma_pca", [0.5, 2.0])
+def test_dp_pca_adds_noise_of_std_sigma_pca_to_the_unit_row_covariance(sigma_pca):
+    """The top eigenvectors of A^T A + (Z + Z^T) / 2, Z i.i.d. N(0, sigma_pca^2) drawn
+    again from the same generator: the noise the mechanism's accounting assumes. The same
+    draws at half the std give other directions, so the check has the power to tell."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 12)) * np.arange(1, 13)
+    A = X / np.linalg.norm(X, axis=1, keepdims=True)
+
+    def top(std):
+        Z = np.random.default_rng(1).normal(0.0, std, (12, 12))
+        return np.linalg.eigh(A.T @ A + (Z + Z.T) / 2)[1][:, ::-1][:, :4]
+
+    V = abadi.dp_pca(X, 4, sigma_pca, np.random.default_rng(1))
+    np.testing.assert_allclose(np.abs(V.T @ top(sigma_pca)), np.eye(4), atol=1e-5)
+    assert not np.allclose(np.abs(V.T @ top(sigma_pca / 2)), np.eye(4), atol=1e-2)
 
 
 @pytest.mark.parametrize("method", ["rdp_classic", "rdp", "gdp"])
@@ -152,29 +169,57 @@ def test_epsilon_curve_matches_the_accountant_pointwise(method):
         assert e == pytest.approx(accounting.epsilon(4.0, 0.01, int(t), 1e-5, method), rel=1e-12)
 
 
+def _classic_eps(rdp, orders, delta):
+    """The moments accountant's conversion [Mironov 2017, Prop. 3] of an RDP curve."""
+    return float(np.min(np.asarray(rdp) + math.log(1 / delta) / (np.asarray(orders) - 1)))
+
+
+@pytest.mark.parametrize("method", ["rdp_classic", "rdp"])  # abadi.accountant's choices
+def test_epsilon_curve_composes_the_pca_like_dp_accounting(method):
+    """The PCA's Gaussian and T subsampled steps composed by dp_accounting as one event at
+    the method's orders, converted as the method does: the PCA alone (T = 0) and with T."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant as R
+
+    sigma, q, sigma_p, delta = 3.0, 0.02, 5.0, 1e-5
+    orders = accounting.CLASSIC_ORDERS if method == "rdp_classic" else R.DEFAULT_RDP_ORDERS
+    pca = dp_accounting.GaussianDpEvent(sigma_p)
+    sgd = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        q, dp_accounting.GaussianDpEvent(sigma)), 700)
+    refs = []
+    for event in (pca, dp_accounting.ComposedDpEvent([pca, sgd])):
+        acc = R.RdpAccountant(list(orders)).compose(event)
+        refs.append(_classic_eps(acc.rdp, orders, delta) if method == "rdp_classic"
+                    else acc.get_epsilon(delta))
+    got = accounting.epsilon_curve(sigma, q, [0, 700], delta, method, [sigma_p])
+    np.testing.assert_allclose(got, refs, rtol=1e-9)
+
+
+def test_noise_free_pca_is_not_dp():
+    """sigma_pca = 0 (the exact PCA): every eps inf, under every accountant; an eps target
+    on such a level is refused naming the key, also when the workflow reads the config."""
+    for method in accounting.METHODS:
+        assert np.isinf(accounting.epsilon_curve(2.0, 0.01, [0, 100], 1e-5, method,
+                                                 [0.0])).all()
+    exact = {"name": "exact", "sigma": 2.0, "sigma_pca": 0.0, "eps": 2.0}
+    with pytest.raises(ValueError, match=r"abadi\.fig3\.levels\[exact\]\.sigma_pca = 0"):
+        abadi.levels({"fig3": {"levels": [exact]}}, "fig3")
+    assert abadi.levels({"fig3": {"levels": [{**exact, "eps": None}]}}, "fig3")
+
+
 def test_epsilon_curve_composes_the_pca_gaussian():
     """With q = 1 every step is a Gaussian mechanism, so T steps and the PCA are exactly one
     Gaussian with mu = sqrt(T / sigma^2 + 1 / sigma_p^2): PLD within its discretisation of
-    the exact eps, RDP above it; and RDP agrees with dp_accounting composing the events."""
-    import dp_accounting
-    from dp_accounting.rdp import rdp_privacy_accountant
-
+    the exact eps, RDP above it."""
     sigma, sigma_p, T, delta = 3.0, 5.0, 20, 1e-5
     exact = eps_from_mu(math.sqrt(T / sigma ** 2 + 1 / sigma_p ** 2), delta)
     pld = accounting.epsilon_curve(sigma, 1.0, [T], delta, "pld", [sigma_p])[0]
     assert exact <= pld <= exact + 1e-3
+    for method in ("rdp", "rdp_classic"):
+        assert accounting.epsilon_curve(sigma, 1.0, [T], delta, method, [sigma_p])[0] > exact
     mu_clt = 0.02 * math.sqrt(T * math.expm1(sigma ** -2))  # the CLT's mu, then + the PCA's
     assert accounting.epsilon_curve(sigma, 0.02, [T], delta, "gdp", [sigma_p])[0] == \
         pytest.approx(eps_from_mu(math.sqrt(mu_clt ** 2 + sigma_p ** -2), delta), rel=1e-9)
-    rdp = accounting.epsilon_curve(sigma, 0.02, [0, 700], delta, "rdp", [sigma_p])
-    event = dp_accounting.ComposedDpEvent([
-        dp_accounting.GaussianDpEvent(sigma_p),
-        dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-            0.02, dp_accounting.GaussianDpEvent(sigma)), 700)])
-    ref = rdp_privacy_accountant.RdpAccountant().compose(event).get_epsilon(delta)
-    assert rdp[1] == pytest.approx(ref, rel=1e-9)
-    assert rdp[0] == pytest.approx(rdp_privacy_accountant.RdpAccountant().compose(
-        dp_accounting.GaussianDpEvent(sigma_p)).get_epsilon(delta), rel=1e-9)
 
 
 def test_epochs_for_eps_is_the_last_epoch_within_the_target():
@@ -266,18 +311,36 @@ def test_cli_trains_both_figures_on_tiny_data(tmp_path, monkeypatch):
     assert (f3.dataset == "fmnist").all() and (f3.n_train == 100).all()
     assert (f6.dataset == "cifar10").all() and (f6.n_train == 40).all()
     assert f6.pretrained_on.str.startswith("cifar10-heldout[30]").all()
-    # eps: the PCA's alone at epoch 0 (Figure 3), none at epoch 0 of Figure 6, then growing
-    assert f3.eps.iloc[0] == pytest.approx(accounting.epsilon_curve(
-        2.0, 0.2, [0], 1e-5, "rdp_classic", [4.0])[0]) and f3.eps.is_monotonic_increasing
+    # eps: the PCA's alone at epoch 0 (Figure 3: a Gaussian's RDP a / (2 sigma_p^2) at the
+    # moments accountant's orders), none at epoch 0 of Figure 6, then growing
+    orders = np.array(accounting.CLASSIC_ORDERS)
+    pca_alone = np.min(orders / (2 * 4.0 ** 2) + math.log(1e5) / (orders - 1))
+    assert f3.eps.iloc[0] == pytest.approx(pca_alone, rel=1e-9)
+    assert f3.eps.is_monotonic_increasing
     assert f6.eps.iloc[0] == 0 and f6.eps.is_monotonic_increasing
     assert table.train_acc.between(0, 1).all() and table.test_acc.between(0, 1).all()
     # lr of each epoch's last step: 0.1 falling to 0.05 over the first epoch's 5 steps
     assert list(f3.lr) == [0.1, pytest.approx(0.06), pytest.approx(0.05)]
+    # the summed table records each level's config, data or features, and seeds
     assert set(prov["levels"]) == {"fig3_small.csv", "fig6_eps8.csv"}
+    small, eps8 = prov["levels"]["fig3_small.csv"], prov["levels"]["fig6_eps8.csv"]
+    assert small["spec"] == fig3 and small["level"] == level3 and small["seed"] == 1
+    assert {k: small["data"][k] for k in dspec} == dspec and "features" not in small
+    assert eps8["spec"] == fig6 and eps8["level"] == level6 and "data" not in eps8
+    assert eps8["features"]["pretrained_on"].startswith("cifar10-heldout[30]")
+    assert small["model_seed"] != eps8["model_seed"]
     for fig in ("fig3", "fig6"):
         assert main(["abadi-plot", "--figure", fig, "--table", "acc.csv", "--out",
                      f"{fig}.pdf"]) == 0
         assert (tmp_path / f"{fig}.png").stat().st_size > 0
+    # the exact PCA: a non-private baseline with eps = inf, refused with an eps target
+    exact = {"name": "exact", "sigma": 2.0, "sigma_pca": 0.0, "eps": None}
+    args = ["abadi-train", "--figure", "fig3", "--spec", json.dumps({**fig3, "max_epochs": 1}),
+            "--data", json.dumps(dspec), "--seed", "1", "--device", "cpu", "--out"]
+    assert main([*args, "exact.csv", "--level", json.dumps(exact)]) == 0
+    assert np.isinf(read_table("exact.csv")[0].eps).all()
+    assert main([*args, "x.csv", "--level", json.dumps({**exact, "eps": 8.0})]) == 2
+    assert not (tmp_path / "x.csv").exists()
     bad = {**level3, "sigma": -1}
     assert main(["abadi-train", "--figure", "fig3", "--spec", json.dumps(fig3), "--level",
                  json.dumps(bad), "--data", json.dumps(dspec), "--seed", "1", "--out",
