@@ -114,16 +114,26 @@ def results_mismatch(config: dict, tables: dict) -> list[str]:
     """Where the result tables at hand were made with other values than ``config``'s, one
     line per key and value (``jagielski.trials: 40 in results/jagielski_fig2.csv, 1000 in
     this config``, naming the first table). ``tables``: {path: (its config section,
-    dotted; {column: key of that section})}. Of each table that exists: the provenance's
-    seed, every key its recorded spec shares with the section, and the largest value of
-    each named column."""
+    dotted; {column: key of that section}[; {provenance entry, dotted: (config key, dotted;
+    its value)}])}. Of each table that exists: the provenance's seed, every key its
+    recorded spec shares with the section, each named provenance entry, and the largest
+    value of each named column. A mapping is compared key by key (one line per key that
+    differs, missing on one side: None)."""
     import json
 
     from .io import read_provenance, read_table
 
     norm = lambda v: json.loads(json.dumps(v, sort_keys=True, default=str))  # noqa: E731
+
+    def leaves(key, was, now):
+        if isinstance(was, dict) and isinstance(now, dict):
+            for k in sorted(set(was) | set(now), key=str):
+                yield from leaves(f"{key}.{k}", was.get(k), now.get(k))
+        else:
+            yield key, norm(was), norm(now)
+
     found = []
-    for path, (dotted, columns) in tables.items():
+    for path, (dotted, columns, *entries) in tables.items():
         if not Path(path).is_file():
             continue
         section = config
@@ -133,12 +143,17 @@ def results_mismatch(config: dict, tables: dict) -> list[str]:
         recorded = {"seed": (made.get("seed"), config["seed"])}
         recorded.update({f"{dotted}.{k}": (v, section[k])
                          for k, v in made.get("spec", {}).items() if k in section})
+        for entry, (key, now) in (entries[0] if entries else {}).items():
+            was = made
+            for part in entry.split("."):
+                was = was.get(part) if isinstance(was, dict) else None
+            recorded[key] = (was, now)
         if columns:
             rows = read_table(path)[0]
             recorded.update({f"{dotted}.{key}": (rows[col].max().item(), section[key])
                              for col, key in columns.items() if col in rows})
-        found += [(key, norm(was), norm(now), path) for key, (was, now) in recorded.items()
-                  if norm(was) != norm(now)]
+        found += [(key, was, now, path) for name, (was, now) in recorded.items()
+                  for key, was, now in leaves(name, was, now) if was != now]
     first = {}  # one line per key and value, naming the first table that holds it
     for key, was, now, path in found:
         first.setdefault((key, json.dumps(was), json.dumps(now)), (was, now, path))
