@@ -46,3 +46,26 @@ def test_results_mismatch_compares_nested_spec_keys_and_recorded_levels(tmp_path
         f"abadi.fig6.levels.eps2.eps: 2.0 in {level_table}, 3 in this config",
         f"abadi.delta: 1e-05 in {level_table}, 1e-06 in this config",
     ])
+
+
+def test_nested_config_text_is_read_only_where_the_schema_type_asks():
+    """Snakemake passes nested `--config` values as text: null and ~ become None where the
+    schema allows null, numbers are read by their plain spellings only (no YAML 1.1 0x10
+    or 1_000), and an enum without a type keeps the text (and then fails validation)."""
+    import pytest
+    from snakemake.cli import parse_config
+
+    from dpaudit.config import SpecError, subset_schema, typed_from_text, validate_section
+
+    given = parse_config(["data={cifar10_tarball: null, cifar100_root: ~, download: false}",
+                          "jagielski={trials: 0x10, alpha: 1e-2, fig2: {init: '2.5'}}",
+                          "tramer={batch_runs: 1_000}", "abadi={device: 0}"])
+    cfg = typed_from_text(given)
+    assert cfg["data"] == {"cifar10_tarball": None, "cifar100_root": None, "download": False}
+    assert cfg["jagielski"]["alpha"] == 0.01 and cfg["jagielski"]["fig2"]["init"] == 2.5
+    assert cfg["jagielski"]["trials"] == "0x10" and cfg["tramer"]["batch_runs"] == "1_000"
+    assert cfg["abadi"]["device"] == "0"
+    for section, key in (("jagielski", "trials"), ("tramer", "batch_runs"), ("abadi", "device")):
+        with pytest.raises(SpecError, match=f"{section}.{key}="):
+            validate_section({key: cfg[section][key]}, section,
+                             schema_node=subset_schema([key], section))
