@@ -165,8 +165,9 @@ def test_cpu_cluster_jobs(tmp_path):
 
 def test_training_jobs_without_gpus_run_as_cpu_jobs(tmp_path):
     """A local run without GPUs: the training jobs ask for gpu=0 and 2 threads, so --cores
-    4 starts two at a time; no other job has a gpu resource. `--resources gpu=N` gives
-    the run N GPUs: the training jobs then ask for one each."""
+    4 starts two at a time, and train where their config's `device: auto` says; no other
+    job has a gpu resource. `--resources gpu=N` gives the run N GPUs: the training jobs
+    then ask for one each, and are passed `--device cuda`."""
     quick = str(ROOT / "config" / "quick.yaml")  # snakemake() hides the GPUs
     for limit, want in ((None, "0"), ("gpu=2", "1")):
         more = ["--resources", limit] if limit else []
@@ -181,6 +182,9 @@ def test_training_jobs_without_gpus_run_as_cpu_jobs(tmp_path):
                 fmnist_task = _output(block).endswith("task_fmnist.npz")
                 assert res["gpu"] == ("0" if fmnist_task else want), (rule, res)
                 assert int(re.search(r"threads: (\d+)", block).group(1)) == 2, rule
+                # config device `auto`: `cuda` exactly where the job reserves a GPU
+                device = "auto" if res["gpu"] == "0" else "cuda"
+                assert f" --device {device} " in block, (rule, block)
             else:
                 assert "gpu" not in res, (rule, res)
         assert seen == set(GPU_RULES)
