@@ -8,7 +8,7 @@ every test, on every machine, resolving the default device fails and says which 
 name: CPU tests pass ``device="cpu"`` (``--device cpu`` to the CLI), the CUDA tests of
 ``tests/test_cuda.py`` ask for ``"cuda"``. Tests of the default itself carry the marker
 ``default_device``. Workflow tests run Snakemake in a subprocess, with the GPUs hidden
-(``tests/test_workflow.py``).
+(``tests/test_workflow.py``, ``tests/test_slurm.py``).
 
 With pytest-xdist (``-n auto``), the tests of a class run in one worker, so that a session
 fixture they share (one run of the whole workflow) is made once, and the tests marked

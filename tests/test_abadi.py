@@ -235,11 +235,28 @@ def test_epochs_for_eps_is_the_last_epoch_within_the_target():
         abadi.epochs_for_eps(0.5, 4.0, 60000, 600, 10, 1e-5, "rdp_classic", [7.0])
 
 
-def test_mnist_is_read_from_idx_files_and_missing_mnist_names_the_stand_in(tmp_path):
+def test_mnist_is_read_from_idx_files_and_missing_mnist_names_the_stand_in(tmp_path,
+                                                                          monkeypatch):
     from fakedata import fake_fmnist, idx_bytes
 
-    with pytest.raises(DataNotFound, match="fmnist"):
+    with pytest.raises(DataNotFound) as missing:
         data.mnist_raw(tmp_path, download=False)
+    for words in ("set data.download: true", f"data.root = {tmp_path}",
+                  "abadi.fig3.dataset: fmnist", "docs/data.md, section Offline"):
+        assert words in str(missing.value), words
+
+    def offline(*args, **kwargs):  # torchvision's MNIST without internet
+        raise RuntimeError("Error downloading train-images-idx3-ubyte.gz")
+
+    monkeypatch.setattr(data._datasets(), "MNIST", offline)
+    with pytest.raises(DataNotFound) as failed:
+        data.mnist_raw(tmp_path, download=True)
+    text = str(failed.value)
+    for words in ("download failed (no internet?): Error downloading", "data.download: false",
+                  "abadi.fig3.dataset: fmnist", "docs/data.md, section Offline"):
+        assert words in text, words
+    assert "set data.download: true" not in text
+    monkeypatch.undo()
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)
     arrays = fake_fmnist(np.random.default_rng(0), n_train=30, n_test=10)

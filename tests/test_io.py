@@ -1,6 +1,7 @@
 """Result tables (:mod:`dpaudit.io`): what is read back is what was written, bit for bit."""
 
 import numpy as np
+import pytest
 import pandas as pd
 
 from dpaudit.io import read_provenance, read_table, write_table
@@ -34,3 +35,19 @@ def test_floats_read_back_exactly_and_a_table_written_again_keeps_its_bytes(tmp_
                                  f"{df[col].iloc[wrong[0]]!r} -> {back[col].iloc[wrong[0]]!r}")
     write_table(back, tmp_path / "b.csv", meta)
     assert (tmp_path / "b.csv").read_bytes() == (tmp_path / "a.csv").read_bytes()
+
+
+@pytest.mark.parametrize("version, options", [
+    ("2.2.3", {"float_precision": "round_trip"}), ("3.0.1", {"float_precision": "round_trip"}),
+    ("3.1.0", {}), ("3.1.0rc1", {}), ("4.0.0", {})])
+def test_tables_are_read_with_the_exact_float_parser_before_pandas_3_1(tmp_path, monkeypatch,
+                                                                       version, options):
+    """The float parser read_table asks pandas for, by version: on pandas >= 3.1 every
+    parser is exact, so the round trip above cannot tell whether older ones get
+    "round_trip"; this checks the options passed."""
+    write_table(pd.DataFrame({"x": [0.1]}), tmp_path / "t.csv", {"seed": 0})
+    calls, read_csv = [], pd.read_csv
+    monkeypatch.setattr(pd, "__version__", version)
+    monkeypatch.setattr(pd, "read_csv", lambda *a, **kw: calls.append(kw) or read_csv(*a))
+    read_table(tmp_path / "t.csv")
+    assert calls == [options]

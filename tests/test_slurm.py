@@ -57,10 +57,18 @@ SITE = {"DPAUDIT_SLURM_ACCOUNT": "acct", "DPAUDIT_SLURM_PARTITION": "cpu-part",
 
 
 def snakemake_env(env: dict, *args, timeout=900):
-    """:func:`test_workflow.snakemake` with the environment ``env``."""
+    """:func:`test_workflow.snakemake` with the environment ``env`` (the GPUs hidden too)."""
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"),
                            *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=env)
+                          env={**env, "CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_snakemake_env_hides_the_gpus(monkeypatch):
+    """As :func:`test_workflow.snakemake`: the same jobs on a machine with GPUs as without."""
+    seen = {}
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: seen.update(kw["env"]))
+    snakemake_env({"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "0"}, "-n")
+    assert seen == {"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": ""}
 
 
 def _resources(block: str) -> dict[str, str]:
@@ -157,13 +165,10 @@ def test_cpu_cluster_jobs(tmp_path):
 
 def test_training_jobs_without_gpus_run_as_cpu_jobs(tmp_path):
     """A local run without GPUs: the training jobs ask for gpu=0 and 2 threads, so --cores
-    4 starts two at a time; no other job has a gpu resource. `--resources gpu=N` gives
-    the run N GPUs: the training jobs then ask for one each."""
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("needs a machine without a GPU (CI and the developers' machines)")
-    quick = str(ROOT / "config" / "quick.yaml")
+    4 starts two at a time, and train where their config's `device: auto` says; no other
+    job has a gpu resource. `--resources gpu=N` gives the run N GPUs: the training jobs
+    then ask for one each, and are passed `--device cuda`."""
+    quick = str(ROOT / "config" / "quick.yaml")  # snakemake() hides the GPUs
     for limit, want in ((None, "0"), ("gpu=2", "1")):
         more = ["--resources", limit] if limit else []
         out = snakemake("-n", "--cores", "4", *more, "--directory", str(tmp_path),
@@ -177,6 +182,9 @@ def test_training_jobs_without_gpus_run_as_cpu_jobs(tmp_path):
                 fmnist_task = _output(block).endswith("task_fmnist.npz")
                 assert res["gpu"] == ("0" if fmnist_task else want), (rule, res)
                 assert int(re.search(r"threads: (\d+)", block).group(1)) == 2, rule
+                # config device `auto`: `cuda` exactly where the job reserves a GPU
+                device = "auto" if res["gpu"] == "0" else "cuda"
+                assert f" --device {device} " in block, (rule, block)
             else:
                 assert "gpu" not in res, (rule, res)
         assert seen == set(GPU_RULES)
@@ -291,7 +299,8 @@ def test_no_dpaudit_to_call_stops_at_start_up(tmp_path):
     naming that Python (not `dpaudit: command not found` from every job)."""
     bare = tmp_path / "bare"  # a venv without packages: snakemake and dpaudit come from
     venv.create(bare, with_pip=False)  # PYTHONPATH, its scripts folder is empty
-    env = {**os.environ, "PATH": _path_without_dpaudit(os.environ["PATH"]),
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
+           "PATH": _path_without_dpaudit(os.environ["PATH"]),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, sys.path)])}
     out = subprocess.run([str(bare / "bin/python"), "-m", "snakemake", "-n", "-s",
                           str(ROOT / "Snakefile"), "--directory", str(tmp_path / "w")],
@@ -438,7 +447,8 @@ def test_real_slurm_run_equals_a_local_run(tmp_path, slurm_cluster):
     local = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "2",
          "--directory", str(tmp_path / "local"), "--configfile", conf, "--", *targets],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     env = {**slurm_cluster, "DPAUDIT_SLURM_PARTITION": "cpu",
            "PATH": _path_without_dpaudit(slurm_cluster["PATH"])}
     out = snakemake_env(env, "--profile", str(ROOT / "profiles/slurm-cpu"),

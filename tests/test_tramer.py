@@ -453,3 +453,34 @@ def test_cli_keeps_the_runs_of_the_registry_subjects(monkeypatch, tmp_path, caps
     assert alone[1:3] == ["--train", "fixed"]
     assert main(alone + ["--out", str(tmp_path / "c.csv")]) == 0
     assert capsys.readouterr().err.count("fixed: 0 models restored, 48 to train") == 2
+
+
+def test_tramer_audit_trains_the_registry_subjects_on_the_device_given(monkeypatch, tmp_path,
+                                                                        capsys):
+    """`tramer-audit --device` (config `tramer.device`, which the workflow turns into `cuda`
+    only for a job that reserved a GPU) reaches the registry subjects' spec; a device the
+    spec names itself (`audit_user`'s) is kept."""
+    import json
+
+    from dpaudit.cli.tramer import _check
+
+    X, y = _image_like(60, 4, 12, seed=4)
+    monkeypatch.setattr("dpaudit.data.load_fmnist",
+                        lambda root, classes, **kw: (X.numpy(), y.numpy()))
+    sec = {"implementations": ["fixed"], "eps": EPS, "delta": DELTA, "alpha": ALPHA,
+           "canary": "checkerboard", "classes": [0, 1], "n_train": 60, "runs": 40,
+           "val_runs": 8, "batch_runs": 48,
+           "model": {"arch": "lr", "epochs": 1, "batch_size": 20, "lr": 1.0, "clip": 1.0}}
+    data = {"root": None, "download": False, "cifar10_tarball": None, "cifar100_root": None}
+    out = tmp_path / "t.csv"
+    assert main(["tramer-audit", "--target", "case-study", "--spec", json.dumps(sec),
+                 "--data", json.dumps(data), "--device", "cpu", "--seed", "0", "--out",
+                 str(out), "--losses", str(tmp_path / "l.csv")]) == 0
+    table, prov = read_table(out)
+    assert prov["device"]["device"] == "cpu" and table.implementation.tolist() == ["fixed"]
+    spec = {"epochs": 1, "batch_size": 20, "lr": 1.0, "clip": 1.0}
+    [(_, _, given)] = _check(["fixed"], EPS, DELTA, ALPHA, 40, 8, 60, 48, [0, 1], None, spec,
+                             "cpu")["plans"]
+    [(_, _, own)] = _check(["fixed"], EPS, DELTA, ALPHA, 40, 8, 60, 48, [0, 1], None,
+                           {**spec, "device": "cuda"}, "cpu")["plans"]
+    assert given["device"] == "cpu" and own["device"] == "cuda"

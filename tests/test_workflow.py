@@ -262,12 +262,18 @@ class TestTinyRun:
         assert "8 trials per side" in index and "0.21" in index
         assert "How to read a bound" in index
 
+        other = copy.deepcopy(tiny_run.cfg)  # a grid key and an Abadi level changed too
+        other["jagielski"]["fig2"]["init"] = 2.0
+        other["abadi"]["fig6"]["levels"][0]["lot_size"] = 30
         out = snakemake("--report", str(tmp_path / "other.zip"), "--directory", str(run),
-                        "--configfile", str(tiny_run.conf), "--config",
+                        "--configfile", str(write_config(tmp_path, other)), "--config",
                         "jagielski={trials: 40}")
         assert out.returncode != 0 and not (tmp_path / "other.zip").exists()
         differ = re.findall(r"^  (\S.* in this config)$", out.stdout + out.stderr, re.M)
-        assert differ == [
+        assert sorted(differ) == [
+            "abadi.fig6.levels.eps2.lot_size: 20 in results/abadi/fig6_eps2.csv, 30 in this "
+            "config",
+            "jagielski.fig2.init: 1.0 in results/jagielski_fig2.csv, 2.0 in this config",
             "jagielski.trials: 8 in results/jagielski_fig2.csv, 40 in this config"]
         assert "--configfile" in out.stdout + out.stderr
 

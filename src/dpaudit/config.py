@@ -11,6 +11,7 @@ are hand-written, in the subcommand that needs them.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 
@@ -78,52 +79,95 @@ def validate_section(spec, *path: str, schema_node: dict | None = None):
     return spec
 
 
-def typed_from_text(config: dict, *path: str) -> dict:
-    """``config`` (the section at ``path``) with, in place, every string where the schema
-    wants a number, boolean or null replaced by its text read as one (a number out of
-    range then fails validation as that number): Snakemake reads every value inside a
-    nested ``--config`` entry as text (``--config jagielski='{trials: 3}'`` gives
-    ``{"trials": "3"}``). A string the schema accepts is left alone (an eps label ``"8"``,
-    a path)."""
+# What a text is read as where the schema wants a number, boolean or null: JSON's and YAML
+# 1.2's plain spellings only (no YAML 1.1 readings such as 0x10 or 1_000, no yes/no).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_BOOLEAN = {"true": True, "True": True, "TRUE": True,
+            "false": False, "False": False, "FALSE": False}
+_NULL = ("null", "Null", "NULL", "~")
+
+
+def _types(node: dict) -> list[str]:
+    """The JSON types ``node`` accepts by its ``type`` (of it or of its branches)."""
+    kinds = node.get("type", [])
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    for combinator in ("oneOf", "anyOf"):
+        for branch in node.get(combinator, []):
+            kinds += _types(branch)
+    return kinds
+
+
+def _readings(text: str, kinds: list[str]):
+    for kind in kinds:
+        if kind == "null" and text in _NULL:
+            yield None
+        elif kind == "boolean" and text in _BOOLEAN:
+            yield _BOOLEAN[text]
+        elif kind in ("integer", "number") and _INTEGER.fullmatch(text):
+            yield int(text)
+        elif kind == "number" and _NUMBER.fullmatch(text):
+            yield float(text)
+
+
+def _typed(value, node: dict):
     from jsonschema import Draft202012Validator
 
-    validator = Draft202012Validator(section_schema(*path) if path else schema())
-    while True:
-        fixes = []
-        for err in validator.iter_errors(config):
-            if isinstance(err.instance, str) and err.absolute_path:
-                for read in (int, float, yaml.safe_load):
-                    try:
-                        value = read(err.instance)
-                    except (ValueError, yaml.YAMLError):
-                        continue
-                    kinds = Draft202012Validator(err.schema).iter_errors(value)
-                    if not isinstance(value, str) and all(e.validator != "type" for e in kinds):
-                        fixes.append((list(err.absolute_path), value))
-                        break
-        if not fixes:
-            return config
-        for keys, value in fixes:
-            node = config
-            for key in keys[:-1]:
-                node = node[key]
-            node[keys[-1]] = value
+    if isinstance(value, dict):
+        props, extra = node.get("properties") or {}, node.get("additionalProperties")
+        for key, sub in value.items():
+            sub_node = props.get(key, extra)
+            if isinstance(sub_node, dict):
+                value[key] = _typed(sub, sub_node)
+    elif isinstance(value, list) and isinstance(node.get("items"), dict):
+        value[:] = [_typed(v, node["items"]) for v in value]
+    elif isinstance(value, str):
+        kinds = _types(node)
+        if value in _NULL and "null" in kinds:  # null where a string is allowed too
+            return None
+        if any(Draft202012Validator(node).iter_errors(value)):
+            for read in _readings(value, kinds):
+                if all(e.validator != "type" for e in Draft202012Validator(node).iter_errors(read)):
+                    return read
+    return value
+
+
+def typed_from_text(config: dict, *path: str) -> dict:
+    """``config`` (the section at ``path``) with, in place, every string where the schema's
+    ``type`` wants a number, boolean or null replaced by its text read as one (a number
+    out of range then fails validation as that number): Snakemake reads every value inside
+    a nested ``--config`` entry as text (``--config jagielski='{trials: 3}'`` gives
+    ``{"trials": "3"}``). ``null`` and ``~`` are null wherever the schema allows null (a
+    path that may be null). Any other string the schema accepts is left alone (an eps
+    label ``"8"``, a path), and so is one it does not, to fail validation as given (an
+    enum of names, ``0x10`` where a number is wanted)."""
+    return _typed(config, section_schema(*path) if path else schema())
 
 
 def results_mismatch(config: dict, tables: dict) -> list[str]:
     """Where the result tables at hand were made with other values than ``config``'s, one
     line per key and value (``jagielski.trials: 40 in results/jagielski_fig2.csv, 1000 in
     this config``, naming the first table). ``tables``: {path: (its config section,
-    dotted; {column: key of that section})}. Of each table that exists: the provenance's
-    seed, every key its recorded spec shares with the section, and the largest value of
-    each named column."""
+    dotted; {column: key of that section}[; {provenance entry, dotted: (config key, dotted;
+    its value)}])}. Of each table that exists: the provenance's seed, every key its
+    recorded spec shares with the section, each named provenance entry, and the largest
+    value of each named column. A mapping is compared key by key (one line per key that
+    differs, missing on one side: None)."""
     import json
 
     from .io import read_provenance, read_table
 
     norm = lambda v: json.loads(json.dumps(v, sort_keys=True, default=str))  # noqa: E731
+
+    def leaves(key, was, now):
+        if isinstance(was, dict) and isinstance(now, dict):
+            for k in sorted(set(was) | set(now), key=str):
+                yield from leaves(f"{key}.{k}", was.get(k), now.get(k))
+        else:
+            yield key, norm(was), norm(now)
+
     found = []
-    for path, (dotted, columns) in tables.items():
+    for path, (dotted, columns, *entries) in tables.items():
         if not Path(path).is_file():
             continue
         section = config
@@ -133,12 +177,17 @@ def results_mismatch(config: dict, tables: dict) -> list[str]:
         recorded = {"seed": (made.get("seed"), config["seed"])}
         recorded.update({f"{dotted}.{k}": (v, section[k])
                          for k, v in made.get("spec", {}).items() if k in section})
+        for entry, (key, now) in (entries[0] if entries else {}).items():
+            was = made
+            for part in entry.split("."):
+                was = was.get(part) if isinstance(was, dict) else None
+            recorded[key] = (was, now)
         if columns:
             rows = read_table(path)[0]
             recorded.update({f"{dotted}.{key}": (rows[col].max().item(), section[key])
                              for col, key in columns.items() if col in rows})
-        found += [(key, norm(was), norm(now), path) for key, (was, now) in recorded.items()
-                  if norm(was) != norm(now)]
+        found += [(key, was, now, path) for name, (was, now) in recorded.items()
+                  for key, was, now in leaves(name, was, now) if was != now]
     first = {}  # one line per key and value, naming the first table that holds it
     for key, was, now, path in found:
         first.setdefault((key, json.dumps(was), json.dumps(now)), (was, now, path))

@@ -334,19 +334,25 @@ def mnist_raw(root: str | os.PathLike | None = None, train: bool = True,
     root = _root(root)
     raw = root / "MNIST" / "raw"
     have = all((raw / n).is_file() for n in FMNIST_FILES) or _decompress_idx_gz(raw, raw)
-    return _read_idx("MNIST", root, have, train, download, lambda err: _mnist_missing(raw, err))
+    return _read_idx("MNIST", root, have, train, download, lambda err: _mnist_missing(root, err))
 
 
-def _mnist_missing(raw: Path, download_error) -> DataNotFound:
-    msg = (f"MNIST not found. Looked in {raw} (torchvision layout: "
-           f"{', '.join(FMNIST_FILES)}, optionally .gz). To get it: set download: true "
-           f"(torchvision downloads it; needs internet), or copy the four IDX files of "
-           f"the MNIST database (LeCun, Cortes & Burges) into {raw}. Offline without "
-           "them, run the Abadi et al. Figure 3 pipeline on Fashion-MNIST "
-           "(abadi.fig3.dataset: fmnist).")
+def _mnist_missing(root: Path, download_error: Exception | None) -> DataNotFound:
+    """What the user of the workflow can do, in its config keys (docs/data.md, Offline)."""
+    raw = root / "MNIST" / "raw"
+    msg = (f"MNIST not found. Looked in {raw} (data.root = {root}; torchvision layout: "
+           f"{', '.join(FMNIST_FILES)}, optionally .gz).")
+    copy = (f"copy the four IDX files of the MNIST database (LeCun, Cortes & Burges) into "
+            f"{raw}")
     if download_error is not None:
-        msg += f" The torchvision download failed: {download_error}"
-    return DataNotFound(msg)
+        msg += (f" The torchvision download failed (no internet?): {download_error}. Offline: "
+                f"{copy}, and set data.download: false.")
+    else:
+        msg += (" To get it: set data.download: true (torchvision downloads it into "
+                f"data.root; needs internet), or {copy}.")
+    return DataNotFound(msg + " Offline without them, run Abadi et al.'s Figure 3 on "
+                        "Fashion-MNIST instead: abadi.fig3.dataset: fmnist. Offline set-up: "
+                        "docs/data.md, section Offline.")
 
 
 #: The 28x28 grey-level data sets with ten classes (Abadi et al.'s MNIST task, and

@@ -23,12 +23,19 @@ import pandas as pd
 from . import __version__
 
 _PREFIX = "# dpaudit-provenance: "
+
+
 # Floats are written as their shortest round-trip text. Before pandas 3.1 the C parser's
 # default ("high") reads about a third of such values one unit in the last place off, so
 # a table read back and written again differs in its last digits; "round_trip" is exact.
 # pandas 3.1 parses exactly with every option and deprecates it.
-_EXACT_FLOATS = ({} if tuple(map(int, re.findall(r"\d+", pd.__version__)[:2])) >= (3, 1)
-                 else {"float_precision": "round_trip"})
+def _exact_floats() -> dict[str, str]:
+    """The ``pd.read_csv`` options that read every float back exactly on this pandas."""
+    if tuple(map(int, re.findall(r"\d+", pd.__version__)[:2])) >= (3, 1):
+        return {}
+    return {"float_precision": "round_trip"}
+
+
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
@@ -76,7 +83,7 @@ def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
     from what was read has the same bytes (kept blocks restored by a rerun)."""
     with open(path) as fh:
         meta = _header(fh, path)
-        return pd.read_csv(fh, **_EXACT_FLOATS), meta
+        return pd.read_csv(fh, **_exact_floats()), meta
 
 
 def read_provenance(path: str | os.PathLike) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dpaudit.experiments.jagielski import (
     grid_cells,
     group_dirs,
     groups,
+    table_spec,
     train_spec,
 )
 
@@ -148,7 +149,7 @@ rule jagielski_fig2_table:
         "results/jagielski_fig2.csv",
     params:
         scores=FIG2_CELLS,
-        spec=AUDIT_SPEC,
+        spec=quoted_json(table_spec(JAG, "fig2")),
         seed=config["seed"],
     localrule: True
     log:
@@ -168,7 +169,7 @@ rule jagielski_table2_table:
         md="results/jagielski_table2.md",
     params:
         scores=TABLE2_CELLS,
-        spec=AUDIT_SPEC,
+        spec=quoted_json(table_spec(JAG, "table2")),
         seed=config["seed"],
     localrule: True
     log:

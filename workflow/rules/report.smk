@@ -4,8 +4,12 @@
 import sys
 
 from dpaudit.config import results_mismatch
+from dpaudit.experiments.abadi import SHARED_KEYS as ABADI_SHARED_KEYS
 
-# The tables of the report's figures -> (their config section, {column: key of it}).
+# The tables of the report's figures -> (their config section, {column: key of it}[,
+# {provenance entry: (config key, its value)}]).  A Jagielski table records its grid and
+# what its cells were trained with in its spec; an Abadi level table its level, and the
+# abadi keys shared by the figures beside its figure's.
 REPORTED_TABLES = {
     **{f"results/hw3_eps_vs_{grid}.csv": ("hw3", {}) for grid in ("eps", "m", "d")},
     "results/abadi_fig2.csv": ("accounting.abadi", {}),
@@ -16,8 +20,18 @@ REPORTED_TABLES = {
     "results/trials_needed.csv": ("trials_needed", {}),
     "results/onerun_dpsgd.csv": ("onerun", {}),
     "results/tramer_audit.csv": ("tramer", {}),
-    **{path: (f"abadi.{figure}", {}) for figure in ("fig3", "fig6")
-       for path in level_paths(ABADI, figure)},
+    **{
+        f"results/abadi/{figure}_{name}.csv": (
+            f"abadi.{figure}",
+            {},
+            {
+                "level": (f"abadi.{figure}.levels.{name}", level),
+                **{f"spec.{k}": (f"abadi.{k}", ABADI[k]) for k in ABADI_SHARED_KEYS},
+            },
+        )
+        for figure, named in ABADI_LEVELS.items()
+        for name, level in named.items()
+    },
 }
 
 

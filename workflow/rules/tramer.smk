@@ -24,6 +24,7 @@ rule tramer_audit:
         ),
         data=spec("data"),
         seed=config["seed"],
+        device=job_device(config["tramer"]["device"]),
         # Kept batches of runs: a rerun (a timed-out cluster job) trains only the rest.
         store="results/tramer/trained/{name}",
     threads: 2
@@ -40,7 +41,8 @@ rule tramer_audit:
         ENV
     shell:
         "logged {log} dpaudit tramer-audit --target {params.target} --spec {params.spec}"
-        " --data {params.data} --seed {params.seed} --out {output.table}"
+        " --data {params.data} --device {params.device} --seed {params.seed}"
+        " --out {output.table}"
         " --losses {output.losses} --store {params.store}"
 
 

@@ -18,7 +18,7 @@ from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
 from . import spec_arg
 
-from ..experiments.jagielski import AUDIT_KEYS, PAPER_TOL, TASK_KEYS, TRAIN_KEYS
+from ..experiments.jagielski import AUDIT_KEYS, MADE_WITH_KEYS, PAPER_TOL, TASK_KEYS, TRAIN_KEYS
 
 
 def _train_schema() -> dict:
@@ -198,8 +198,9 @@ def _audit(args) -> None:
     from ..experiments import jagielski
     from ..io import read_table, write_table, write_text
 
-    spec = validate_section(args.spec, "jagielski",
-                            schema_node=subset_schema(AUDIT_KEYS, "jagielski"))
+    # AUDIT_KEYS are used; the rest, what the cells were trained with, only recorded
+    node = subset_schema((*AUDIT_KEYS, *MADE_WITH_KEYS, "fig2", "table2"), "jagielski")
+    spec = validate_section(args.spec, "jagielski", schema_node={**node, "required": list(AUDIT_KEYS)})
     rows = []
     log = _say("jagielski-audit")
     for i, path in enumerate(args.scores):
@@ -320,7 +321,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("jagielski-audit", help="bounds of Figure 2 or Table 2")
     p.add_argument("--experiment", choices=["fig2", "table2"], required=True)
     p.add_argument("--scores", type=Path, nargs="+", required=True, help="score tables")
-    common(p, f"JSON object with keys {', '.join(AUDIT_KEYS)}")
+    common(p, f"JSON object with the jagielski keys {', '.join(AUDIT_KEYS)} and, recorded "
+              f"in the table's provenance, any of {', '.join(MADE_WITH_KEYS)}, fig2, table2")
     p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
     p.add_argument("--md", type=Path, default=None, help="Markdown table (table2)")
     p.set_defaults(func=_audit)

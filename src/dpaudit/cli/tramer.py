@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..config import SpecError, subset_schema, validate_section
+from ..device import DEVICES
 from . import spec_arg
 
 #: Leading columns of the audit table, in a fixed order; more follow.
@@ -45,8 +46,9 @@ def _positive_int(value: int, name: str, low: int = 1) -> int:
 
 
 def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, batch_runs: int,
-           classes, label, spec: dict) -> dict:
-    """Every check that can fail before training: claim, run counts, functions, specs."""
+           classes, label, spec: dict, device: str | None = None) -> dict:
+    """Every check that can fail before training: claim, run counts, functions, specs;
+    ``device``: where the registry subjects train unless ``spec`` names a device."""
     from .. import subjects
     from ..experiments import tramer
 
@@ -83,6 +85,8 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
                 raise SpecError(f"--spec keys {clash} are set by the audit for registry subject "
                                 f"{target!r} (from --eps, --delta and --n-train); remove them")
             target_spec.update(eps=eps, delta=delta, n=n_train)
+            if device is not None:
+                target_spec.setdefault("device", device)
             try:
                 sigma = subjects.claimed_noise_multiplier(target_spec, n_train)
             except ValueError as exc:
@@ -196,7 +200,7 @@ def _tramer_audit(args) -> None:
             raise SpecError(f"tramer.user.spec={claim['spec']!r}: must be a JSON object")
     plan = _check(train, claim["eps"], claim["delta"], sec["alpha"], claim["runs"],
                   claim["val_runs"], sec["n_train"], sec["batch_runs"], sec["classes"], None,
-                  spec)
+                  spec, args.device)
     provenance = {"command": "tramer-audit", "target": args.target, "spec": sec, "data": data,
                   "seed": args.seed}
     _run(plan, claim["canary"], data["root"], data["download"], args.seed, args.out,
@@ -296,6 +300,9 @@ def register(subparsers) -> None:
     p.add_argument("--spec", type=spec_arg, required=True,
                    help="the keys of the tramer config section the target depends on")
     p.add_argument("--data", type=spec_arg, required=True, help="the data config section")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where the registry subjects train (tramer.device), unless the "
+                        "target's spec names a device")
     p.add_argument("--seed", type=int, required=True, help="master seed of the runs")
     p.add_argument("--out", type=Path, required=True, help="audit table CSV")
     p.add_argument("--losses", type=Path, required=True, help="per-run canary losses CSV")

@@ -59,6 +59,10 @@ TRAIN_KEYS = ("trials", "ks", "sampling", "clipbkd_d0", "epochs", "batch_size", 
 TASK_KEYS = ("clipbkd_norm", "pretrain_epochs", "pretrain_images")
 #: Keys of ``jagielski-audit --spec``.
 AUDIT_KEYS = ("alpha", "delta", "select_frac")
+#: Keys of the ``jagielski`` section that a Figure 2 or Table 2 table records besides
+#: :data:`AUDIT_KEYS` (with its own grid, ``fig2`` or ``table2``): what its cells were
+#: trained with, which ``snakemake --report`` compares with the config its captions quote.
+MADE_WITH_KEYS = ("trials", "ks", "sampling", "clipbkd_d0", "matmul_precision", "datasets")
 #: Arrays of a task file (``dpaudit jagielski-task``).
 TASK_ARRAYS = ("X", "y", "X_test", "y_test", "pool_X", "pool_y", "bkd_test_X", "bkd_test_y",
                "x_p", "y_p")
@@ -235,6 +239,13 @@ def train_spec(jag: dict, dataset: str, labels) -> dict:
     ds = jag["datasets"][dataset]
     spec = {**jag, **ds, "noise": {e: ds["noise"][e] for e in labels}}
     return {k: spec[k] for k in TRAIN_KEYS}
+
+
+def table_spec(jag: dict, experiment: str) -> dict:
+    """The ``jagielski-audit --spec`` of ``experiment`` (``fig2`` or ``table2``): the keys
+    it uses, :data:`AUDIT_KEYS`, and those it records, :data:`MADE_WITH_KEYS` and its
+    grid."""
+    return {k: jag[k] for k in (*AUDIT_KEYS, *MADE_WITH_KEYS, experiment)}
 
 
 def grid_cells(jag: dict, onerun: dict | None = None) -> dict[str, list[tuple]]:
@@ -872,11 +883,11 @@ def table2_markdown(table: pd.DataFrame, tol: float = PAPER_TOL) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS", "Task", "make_task", "sides", "model_seeds",
+__all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS", "MADE_WITH_KEYS", "Task", "make_task", "sides", "model_seeds",
            "score_models", "run_group", "trainer_digest", "audit_scores", "summarize_cell",
            "COLUMNS", "ROC_LEVELS", "init_label", "init_name", "cell_path", "cell_file", "group_dir",
            "group_dirs",
-           "TRAINED_DIR", "check_grid", "grid_cells", "groups", "grid_models", "train_spec",
+           "TRAINED_DIR", "check_grid", "table_spec", "grid_cells", "groups", "grid_models", "train_spec",
            "TABLE2_NOTES",
            "theoretical_eps", "PAPER_TABLE2", "paper_table2", "with_paper_table2",
            "PAPER_TOL", "TABLE2_COLUMNS", "PAPER_COLUMN", "PAPER_STATISTIC", "RESPLITS",
