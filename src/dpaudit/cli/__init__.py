@@ -34,6 +34,11 @@ def spec_arg(text: str) -> dict:
     return value
 
 
+def say(command: str):
+    """A progress printer for long jobs: ``dpaudit COMMAND: message`` on stderr, flushed."""
+    return lambda msg: print(f"dpaudit {command}: {msg}", file=sys.stderr, flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpaudit", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dpaudit {__version__}")

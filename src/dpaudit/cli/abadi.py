@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..config import SpecError, section_schema, validate_section
 from ..device import DEVICES
-from . import spec_arg
+from . import say, spec_arg
 
 FIGURES = ("fig3", "fig6")
 #: As :data:`dpaudit.experiments.abadi.SHARED_KEYS` and ``FEATURE_KEYS`` (kept here too so
@@ -21,10 +21,6 @@ FEATURE_KEYS = ("public_images", "private_images", "test_images", "pretrain_epoc
 #: What ``abadi-table`` keeps of each level table's provenance.
 LEVEL_PROVENANCE = ("figure", "spec", "level", "data", "features", "seed", "model_seed",
                     "device", "epochs", "dataset", "n", "n_test", "dpaudit_version")
-
-
-def _say(command: str):
-    return lambda msg: print(f"dpaudit {command}: {msg}", file=sys.stderr, flush=True)
 
 
 def job_schema(figure: str, keys=None) -> dict:
@@ -53,7 +49,7 @@ def _features(args) -> None:
                             schema_node=job_schema("fig6", FEATURE_KEYS))
     data = validate_section(args.data, "data")
     arrays, prov = abadi.fig6_features(spec, data, args.seed, resolve(args.device),
-                                       _say("abadi-features"))
+                                       say("abadi-features"))
     features.save_features(args.out, arrays, {"command": "abadi-features", "spec": spec,
                                               "data": data, "seed": args.seed, **prov})
 
@@ -67,7 +63,7 @@ def _train(args) -> None:
     level = validate_section(args.level, "abadi", args.figure, "levels",
                              schema_node=level_schema(args.figure))
     device = resolve(args.device)
-    log = _say("abadi-train")
+    log = say("abadi-train")
     prov = {"command": "abadi-train", "figure": args.figure, "spec": spec, "level": level,
             "seed": args.seed, "device": describe(device)["device"]}
     if args.figure == "fig3":

@@ -11,12 +11,11 @@ and ``jagielski-md`` writes Table 2's Markdown from its table (as from ``referen
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
-from . import spec_arg
+from . import say, spec_arg
 
 from ..experiments.jagielski import AUDIT_KEYS, MADE_WITH_KEYS, PAPER_TOL, TASK_KEYS, TRAIN_KEYS
 
@@ -31,10 +30,6 @@ def _train_schema() -> dict:
         "description": "DP-SGD noise multiplier of each eps label the job trains"}
     node["required"] = list(TRAIN_KEYS)
     return node
-
-
-def _say(command: str):
-    return lambda msg: print(f"dpaudit {command}: {msg}", file=sys.stderr, flush=True)
 
 
 def _dpsgd_config(ds: dict, clip: float, noise: float, init: str, sampling: str):
@@ -58,7 +53,7 @@ def _task(args) -> None:
     ds = validate_section(args.spec, "jagielski", "datasets", args.dataset,
                           schema_node=subset_schema(keys, "jagielski", "datasets", args.dataset))
     data = validate_section(args.data, "data")
-    log = _say("jagielski-task")
+    log = say("jagielski-task")
     common = {"root": data["root"], "download": data["download"],
               "seed": args.seed, "clipbkd_norm": ds.get("clipbkd_norm")}
     if args.dataset == "fmnist":
@@ -118,7 +113,7 @@ def _train(args) -> None:
                         f"(allowed: {sorted(spec['noise'])})")
     if args.block_trials < 1:
         raise SpecError(f"--block-trials={args.block_trials}: must be >= 1")
-    log = _say("jagielski-train")
+    log = say("jagielski-train")
     arrays, task_prov = features.load_features(args.task)
     task = jagielski.Task.from_arrays(arrays)
     model = dpsgd.ModelSpec(args.arch, task.X.shape[1], spec["hidden"])
@@ -202,7 +197,7 @@ def _audit(args) -> None:
     node = subset_schema((*AUDIT_KEYS, *MADE_WITH_KEYS, "fig2", "table2"), "jagielski")
     spec = validate_section(args.spec, "jagielski", schema_node={**node, "required": list(AUDIT_KEYS)})
     rows = []
-    log = _say("jagielski-audit")
+    log = say("jagielski-audit")
     for i, path in enumerate(args.scores):
         scores, prov = read_table(path)
         cell = prov["cell"]

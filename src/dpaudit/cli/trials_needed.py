@@ -4,12 +4,11 @@ cells the Jagielski et al. grids train."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ..config import SpecError, subset_schema, validate_section
 from ..experiments.jagielski import AUDIT_KEYS
-from . import spec_arg
+from . import say, spec_arg
 
 
 def _run(args) -> None:
@@ -27,11 +26,9 @@ def _run(args) -> None:
                             "provenance)")
         tables.append((scores, prov["cell"]))
 
-    def say(msg: str) -> None:
-        print(f"dpaudit trials-needed: {msg}", file=sys.stderr, flush=True)
-
     table = tn.study(tables, audit["alpha"], audit["delta"], audit["select_frac"],
-                     spec["n_min"], spec["n_points"], spec["subsamples"], args.seed, say)
+                     spec["n_min"], spec["n_points"], spec["subsamples"], args.seed,
+                     say("trials-needed"))
     summ = tn.summary(table, spec["fraction"])
     prov = {"command": "trials-needed", "spec": spec, "audit": audit, "seed": args.seed,
             "scores": [str(p) for p in args.scores]}
