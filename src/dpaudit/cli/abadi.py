@@ -13,11 +13,9 @@ from ..config import SpecError, section_schema, validate_section
 from ..device import DEVICES
 from . import say, spec_arg
 
+from ..experiments.abadi import FEATURE_KEYS, SHARED_KEYS
+
 FIGURES = ("fig3", "fig6")
-#: As :data:`dpaudit.experiments.abadi.SHARED_KEYS` and ``FEATURE_KEYS`` (kept here too so
-#: that the parser does not import torch).
-SHARED_KEYS = ("delta", "accountant")
-FEATURE_KEYS = ("public_images", "private_images", "test_images", "pretrain_epochs")
 #: What ``abadi-table`` keeps of each level table's provenance.
 LEVEL_PROVENANCE = ("figure", "spec", "level", "data", "features", "seed", "model_seed",
                     "device", "epochs", "dataset", "n", "n_test", "dpaudit_version")
@@ -37,7 +35,6 @@ def job_schema(figure: str, keys=None) -> dict:
 
 def level_schema(figure: str) -> dict:
     return section_schema("abadi", figure)["properties"]["levels"]["items"]
-
 
 
 def _features(args) -> None:
