@@ -5,11 +5,10 @@ gathers the levels into ``results/abadi_accuracy.csv``; ``abadi-plot`` draws a f
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 
-from ..config import SpecError, section_schema, validate_section
+from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES
 from . import say, spec_arg
 
@@ -24,12 +23,11 @@ LEVEL_PROVENANCE = ("figure", "spec", "level", "data", "features", "seed", "mode
 def job_schema(figure: str, keys=None) -> dict:
     """The schema of what one job of ``figure`` is passed: the figure's section without its
     levels (or only ``keys`` of it), plus :data:`SHARED_KEYS` of the ``abadi`` section."""
-    node = copy.deepcopy(section_schema("abadi", figure))
-    props = node["properties"]
-    keep = [k for k in props if k != "levels" and (keys is None or k in keys)]
-    node["properties"] = {k: props[k] for k in keep}
+    props = section_schema("abadi", figure)["properties"]
+    node = subset_schema([k for k in props if k != "levels" and (keys is None or k in keys)],
+                         "abadi", figure)
     node["properties"].update({k: section_schema("abadi", k) for k in SHARED_KEYS})
-    node["required"] = [*keep, *SHARED_KEYS]
+    node["required"] += SHARED_KEYS
     return node
 
 
