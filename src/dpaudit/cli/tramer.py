@@ -256,6 +256,12 @@ def _plot(args) -> None:
     plot_canary_losses(args.table, args.out, losses=args.losses, hist=args.hist)
 
 
+#: ``--store`` of ``audit-impl`` and ``tramer-audit``.
+STORE_HELP = ("folder that keeps every finished batch of runs of the registry subjects (buggy, "
+              "fixed), so that a rerun trains only what it lacks; the subjects of one spec "
+              "train as columns of the same calls")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "audit-impl", help="audit a DP training function's claimed (eps, delta) with a canary",
@@ -286,10 +292,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="audit table CSV")
     p.add_argument("--losses", type=Path, default=None,
                    help="per-run canary losses CSV (default: OUT with suffix _losses)")
-    p.add_argument("--store", type=Path, default=None,
-                   help="folder that keeps every finished batch of runs of the registry "
-                        "subjects (buggy, fixed), so that a rerun trains only what it lacks; "
-                        "the subjects of one spec train as columns of the same calls")
+    p.add_argument("--store", type=Path, default=None, help=STORE_HELP)
     p.set_defaults(func=_audit_impl)
 
     p = subparsers.add_parser(
@@ -306,10 +309,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, required=True, help="master seed of the runs")
     p.add_argument("--out", type=Path, required=True, help="audit table CSV")
     p.add_argument("--losses", type=Path, required=True, help="per-run canary losses CSV")
-    p.add_argument("--store", type=Path, default=None,
-                   help="folder that keeps every finished batch of runs of the registry "
-                        "subjects (buggy, fixed), so that a rerun trains only what it lacks; "
-                        "the subjects of one spec train as columns of the same calls")
+    p.add_argument("--store", type=Path, default=None, help=STORE_HELP)
     p.set_defaults(func=_tramer_audit)
 
     p = subparsers.add_parser(
