@@ -118,3 +118,14 @@ def array_digest(arrays: dict[str, Any]) -> str:
         h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
         h.update(memoryview(a.tobytes()))
     return h.hexdigest()
+
+
+def source_digest(*objects: Any) -> str:
+    """SHA-256 of the source code of ``objects`` (modules, functions, classes), in order:
+    results kept under it are reused only while that code is unchanged."""
+    import inspect
+
+    h = hashlib.sha256()
+    for obj in objects:
+        h.update(inspect.getsource(obj).encode())
+    return h.hexdigest()

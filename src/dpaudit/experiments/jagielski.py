@@ -346,15 +346,11 @@ def trainer_digest() -> str:
     """SHA-256 of the code that turns a seed into a score: the trainer, the canaries and
     scores, the seed derivation, and this module's sides, seeds, scoring and training
     loop. Kept blocks are reused only under the same digest (an edited trainer retrains)."""
-    import hashlib
-    import inspect
-
     from .. import canaries as canaries_mod
+    from ..io import source_digest
 
-    h = hashlib.sha256()
-    for obj in (dpsgd, canaries_mod, seeds, sides, model_seeds, score_models, run_group):
-        h.update(inspect.getsource(obj).encode())
-    return h.hexdigest()
+    return source_digest(dpsgd, canaries_mod, seeds, sides, model_seeds, score_models,
+                         run_group)
 
 
 def _block_rows(side: str, start: int, seeds_: list[int], cell: str, stats: dict) -> pd.DataFrame:
