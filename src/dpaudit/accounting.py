@@ -132,10 +132,16 @@ def epsilon(sigma: float, sample_rate: float, steps: int, delta: float,
         return float(acc.compose(event).get_epsilon(delta))
     if method == "rdp":
         return float(rdp_privacy_accountant.RdpAccountant().compose(event).get_epsilon(delta))
-    orders = np.asarray(CLASSIC_ORDERS)
     rdp = rdp_privacy_accountant.RdpAccountant(CLASSIC_ORDERS).compose(event).rdp
-    # Orders where dp_accounting's series fails to converge come back as inf: skipped by min.
-    return float(max(0.0, np.min(rdp + math.log(1 / delta) / (orders - 1))))
+    return _classic_epsilon(np.asarray(rdp), np.asarray(CLASSIC_ORDERS, dtype=float), delta)
+
+
+def _classic_epsilon(rdp: np.ndarray, orders: np.ndarray, delta: float) -> float:
+    """``eps = min_a r(a) + log(1/delta) / (a - 1)`` [Mir17, Prop. 3], at least 0. Orders
+    where dp_accounting's series fails to converge come back as inf (skipped by the min);
+    NaN (inf * 0) is skipped too."""
+    with np.errstate(invalid="ignore"):
+        return float(max(0.0, np.nanmin(rdp + math.log(1 / delta) / (orders - 1))))
 
 
 def epsilon_curve(sigma: float, sample_rate: float, steps, delta: float,
@@ -198,8 +204,7 @@ def epsilon_curve(sigma: float, sample_rate: float, steps, delta: float,
         elif method == "rdp":
             out.append(float(rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[0]))
         else:
-            with np.errstate(invalid="ignore"):  # inf * 0 at orders whose series diverged
-                out.append(float(max(0.0, np.nanmin(rdp + math.log(1 / delta) / (orders - 1)))))
+            out.append(_classic_epsilon(rdp, orders, delta))
     return np.array(out).reshape(steps.shape)
 
 

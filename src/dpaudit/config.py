@@ -155,16 +155,14 @@ def results_mismatch(config: dict, tables: dict) -> list[str]:
     differs, missing on one side: None)."""
     import json
 
-    from .io import read_provenance, read_table
-
-    norm = lambda v: json.loads(json.dumps(v, sort_keys=True, default=str))  # noqa: E731
+    from .io import as_recorded, read_provenance, read_table
 
     def leaves(key, was, now):
         if isinstance(was, dict) and isinstance(now, dict):
             for k in sorted(set(was) | set(now), key=str):
                 yield from leaves(f"{key}.{k}", was.get(k), now.get(k))
         else:
-            yield key, norm(was), norm(now)
+            yield key, as_recorded(was), as_recorded(now)
 
     found = []
     for path, (dotted, columns, *entries) in tables.items():

@@ -243,13 +243,16 @@ def _torchvision_cifar(cls, root: Path, train: bool, download: bool):
         return None, None
 
 
-def _sampled(n: int, sample: int | None, seed: int) -> np.ndarray:
-    """Positions ``0..n-1``, or a seeded random ``sample`` of them in random order."""
+def _sampled(labels: np.ndarray, classes: Sequence[int] | None, sample: int | None,
+             seed: int) -> np.ndarray:
+    """Positions of the images of ``classes`` (all if None), or a seeded random ``sample``
+    of them in random order."""
+    keep = np.arange(len(labels)) if classes is None else np.flatnonzero(np.isin(labels, classes))
     if sample is None:
-        return np.arange(n)
-    if not 1 <= sample <= n:
-        raise ValueError(f"sample={sample}: must be in [1, {n}] (the images available)")
-    return np.random.default_rng(seed).permutation(n)[:sample]
+        return keep
+    if not 1 <= sample <= len(keep):
+        raise ValueError(f"sample={sample}: must be in [1, {len(keep)}] (the images available)")
+    return keep[np.random.default_rng(seed).permutation(len(keep))[:sample]]
 
 
 def _imagefolder(split_dir: Path, classes: Sequence[int] | None, sample: int | None = None,
@@ -263,8 +266,7 @@ def _imagefolder(split_dir: Path, classes: Sequence[int] | None, sample: int | N
         raise ValueError(f"{split_dir}: folders {sorted(unknown)} are not CIFAR-10 classes")
     to_canonical = np.array([CIFAR10_CLASSES.index(c) for c in folder.classes])
     labels = to_canonical[np.array(folder.targets, dtype=np.int64)]
-    keep = np.arange(len(labels)) if classes is None else np.flatnonzero(np.isin(labels, classes))
-    keep = keep[_sampled(len(keep), sample, seed)]
+    keep = _sampled(labels, classes, sample, seed)
     images = np.stack([np.asarray(folder.loader(folder.samples[i][0])).transpose(2, 0, 1)
                        for i in keep]) if len(keep) else np.empty((0, 3, 32, 32), np.uint8)
     return images, labels[keep]
@@ -289,9 +291,7 @@ def load_cifar10(root: str | os.PathLike | None = None, train: bool = True,
         images = np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))
         labels, source = np.asarray(ds.targets, dtype=np.int64), "torchvision"
         if sample is not None:
-            keep = (np.arange(len(labels)) if classes is None
-                    else np.flatnonzero(np.isin(labels, classes)))
-            keep = keep[_sampled(len(keep), sample, sample_seed)]
+            keep = _sampled(labels, classes, sample, sample_seed)
             images, labels = images[keep], labels[keep]
     else:
         if tarball is not None:

@@ -103,20 +103,23 @@ class ModelSpec:
             raise ValueError(f"ModelSpec.arch={self.arch!r}: must be one of {ARCHS}")
         if isinstance(self.hidden, (list, tuple)):
             object.__setattr__(self, "hidden", tuple(self.hidden))
-        widths = self.hidden if isinstance(self.hidden, tuple) else (self.hidden,)
-        if not widths or any(int(w) < 1 for w in widths) or int(self.in_dim) < 1:
+        if not self._widths or any(int(w) < 1 for w in self._widths) or int(self.in_dim) < 1:
             raise ValueError(f"ModelSpec: in_dim={self.in_dim} and every hidden width "
                              f"(hidden={self.hidden}) must be >= 1")
         if int(self.n_classes) < 2:
             raise ValueError(f"ModelSpec.n_classes={self.n_classes}: must be >= 2")
 
     @property
+    def _widths(self) -> tuple:
+        """The hidden widths as a tuple (one int ``hidden`` is one layer)."""
+        return self.hidden if isinstance(self.hidden, tuple) else (self.hidden,)
+
+    @property
     def shapes(self) -> list[tuple[int, int]]:
         """(fan_in, fan_out) of each dense layer."""
         if self.arch == "lr":
             return [(self.in_dim, self.n_classes)]
-        widths = self.hidden if isinstance(self.hidden, tuple) else (self.hidden,)
-        dims = [self.in_dim, *widths, self.n_classes]
+        dims = [self.in_dim, *self._widths, self.n_classes]
         return list(zip(dims[:-1], dims[1:]))
 
     @property

@@ -61,12 +61,22 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def _provenance_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def as_recorded(value: Any) -> Any:
+    """``value`` as a provenance header (:func:`write_table`) gives it back when read, for
+    comparing a value at hand with a recorded one (tuples become lists, other objects text)."""
+    return json.loads(_provenance_json(value))
+
+
 def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> None:
     """Write ``df`` as CSV at ``path`` atomically, with ``provenance`` as a JSON header line."""
     meta = {"dpaudit_version": __version__, **provenance}
     with atomic_path(path) as tmp:
         with open(tmp, "w", newline="") as fh:
-            fh.write(_PREFIX + json.dumps(meta, sort_keys=True, default=str) + "\n")
+            fh.write(_PREFIX + _provenance_json(meta) + "\n")
             df.to_csv(fh, index=False)
 
 
@@ -107,4 +117,15 @@ def array_digest(arrays: dict[str, Any]) -> str:
         a = a.numpy() if hasattr(a, "numpy") else a
         h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
         h.update(memoryview(a.tobytes()))
+    return h.hexdigest()
+
+
+def source_digest(*objects: Any) -> str:
+    """SHA-256 of the source code of ``objects`` (modules, functions, classes), in order:
+    results kept under it are reused only while that code is unchanged."""
+    import inspect
+
+    h = hashlib.sha256()
+    for obj in objects:
+        h.update(inspect.getsource(obj).encode())
     return h.hexdigest()

@@ -12,7 +12,6 @@ the batches it lacks.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -81,11 +80,6 @@ def _path(store, side: Side, start: int, count: int) -> Path:
     return Path(store) / f"{name}_{start:06d}-{start + count:06d}.csv"
 
 
-def _norm(value):
-    """``value`` as JSON gives it back (what a kept block's provenance holds)."""
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
-
-
 def keep(store, key: dict, side: Side, start: int, seeds: Sequence[int], stats: dict) -> None:
     """Keep the statistics of the trials ``start, start + 1, ...`` (``seeds``) of ``side``
     in ``store`` as one table (trial, seed, a column per statistic, ``name.j`` for entry j
@@ -113,14 +107,14 @@ def kept(store, key: dict, side: Side, start: int, seeds: Sequence[int]) -> dict
     """The statistics :func:`keep` kept for these trials of ``side`` under ``key`` (vectors
     as a list of arrays, one per model), or None if there are none (another key, side or
     seeds, or no table)."""
-    from .io import read_table
+    from .io import as_recorded, read_table
 
     try:
         table, prov = read_table(_path(store, side, start, len(seeds)))
     except (OSError, ValueError):
         return None
     if (prov.get("key"), prov.get("side"), prov.get("trials")) != \
-            (_norm(key), side.name, [start, start + len(seeds)]) \
+            (as_recorded(key), side.name, [start, start + len(seeds)]) \
             or table.seed.tolist() != [int(s) for s in seeds]:
         return None
     return {name: table[name].to_numpy() if width == 0 else

@@ -346,15 +346,11 @@ def trainer_digest() -> str:
     """SHA-256 of the code that turns a seed into a score: the trainer, the canaries and
     scores, the seed derivation, and this module's sides, seeds, scoring and training
     loop. Kept blocks are reused only under the same digest (an edited trainer retrains)."""
-    import hashlib
-    import inspect
-
     from .. import canaries as canaries_mod
+    from ..io import source_digest
 
-    h = hashlib.sha256()
-    for obj in (dpsgd, canaries_mod, seeds, sides, model_seeds, score_models, run_group):
-        h.update(inspect.getsource(obj).encode())
-    return h.hexdigest()
+    return source_digest(dpsgd, canaries_mod, seeds, sides, model_seeds, score_models,
+                         run_group)
 
 
 def _block_rows(side: str, start: int, seeds_: list[int], cell: str, stats: dict) -> pd.DataFrame:
@@ -365,19 +361,16 @@ def _block_rows(side: str, start: int, seeds_: list[int], cell: str, stats: dict
 def _kept(path, key: dict, cells: dict) -> pd.DataFrame:
     """The rows of a kept block whose shared ``key`` and own cell key match (JSON
     comparison), for every cell it holds, of ``cells`` or not; empty if none."""
-    import json
-
-    from ..io import read_table
+    from ..io import as_recorded, read_table
 
     try:
         table, prov = read_table(path)
     except (OSError, ValueError):
         return pd.DataFrame()
-    norm = lambda v: json.loads(json.dumps(v, sort_keys=True, default=str))  # noqa: E731
-    if prov.get("key") != norm(key):
+    if prov.get("key") != as_recorded(key):
         return pd.DataFrame()
     held = prov.get("cells", {})
-    ok = [c for c, ck in held.items() if c not in cells or ck == norm(cells[c])]
+    ok = [c for c, ck in held.items() if c not in cells or ck == as_recorded(cells[c])]
     return table[table.cell.isin(ok)].assign(_key=lambda t: t.cell.map(held))
 
 

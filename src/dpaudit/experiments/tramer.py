@@ -89,16 +89,12 @@ def trainer_digest() -> str:
     """SHA-256 of the code that turns a run's seed into its statistics (the trainer, the
     subjects, the canaries, the seed derivation, the trials loop and this module): kept
     batches of runs are reused only under the same digest."""
-    import hashlib
-    import inspect
     import sys
 
     from .. import dpsgd
+    from ..io import source_digest
 
-    h = hashlib.sha256()
-    for module in (dpsgd, subjects, canaries, seeds, trials, sys.modules[__name__]):
-        h.update(inspect.getsource(module).encode())
-    return h.hexdigest()
+    return source_digest(dpsgd, subjects, canaries, seeds, trials, sys.modules[__name__])
 
 
 def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
