@@ -21,6 +21,7 @@ from dpaudit import bounds
 from dpaudit.bounds import (clopper_pearson, eps_from_mu, eps_lb_clopper_pearson,
                             eps_lb_one_run, mu_lb_gdp, threshold_scan_audit,
                             threshold_split_audit)
+from dpaudit.bounds.one_run import _one_run_pvalue
 
 AUDITS = 2000
 
@@ -177,7 +178,7 @@ def test_one_run_pure_is_steinke_thm1_and_matches_bisection():
         lo, hi = 0.0, 20.0
         for _ in range(60):
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if bounds._one_run_pvalue(m, r, v, mid, 0.0) < beta else (lo, mid)
+            lo, hi = (mid, hi) if _one_run_pvalue(m, r, v, mid, 0.0) < beta else (lo, mid)
         assert eps == pytest.approx(lo, abs=1e-9)
     np.testing.assert_allclose(eps_lb_one_run(m, [100, 500], [90, 300]),
                                [eps_lb_one_run(m, 100, 90), eps_lb_one_run(m, 500, 300)])
@@ -189,7 +190,7 @@ def test_one_run_delta_version():
     weaker = eps_lb_one_run(1000, 200, 180, delta=1e-4)
     assert 0 < weaker < pure
     # at the returned eps the Appendix D p-value is at beta
-    assert bounds._one_run_pvalue(1000, 200, 180, weaker, 1e-4) == pytest.approx(0.05, rel=1e-3)
+    assert _one_run_pvalue(1000, 200, 180, weaker, 1e-4) == pytest.approx(0.05, rel=1e-3)
     assert eps_lb_one_run(1000, 200, 180, delta=0.01) == 0.0  # 2 m delta swamps everything
 
 
@@ -496,7 +497,7 @@ def test_one_run_sweep_tests_only_the_grid(monkeypatch):
     grid = [4, 7, 12, 20, 34, 58, 100, 171, 292, 500]
     seen = []
     fdp = bounds.eps_lb_one_run_fdp
-    monkeypatch.setattr(bounds, "eps_lb_one_run_fdp",
+    monkeypatch.setattr(bounds.one_run, "eps_lb_one_run_fdp",  # where the sweep looks it up
                         lambda m_, r, v, d, b: seen.append((r, b)) or fdp(m_, r, v, d, b))
     res = bounds.one_run_sweep(m, correct, DELTA, beta)
     at = {g: eps_lb_one_run(m, 2 * g, correct[g - 1], 0.0, beta / 10) for g in grid}

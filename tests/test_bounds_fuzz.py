@@ -18,8 +18,10 @@ and orders) must still give the right result.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
+import pkgutil
 import re
 import warnings
 from fractions import Fraction
@@ -323,9 +325,14 @@ def _outcome(name: str, argument: str, kwargs: dict) -> str | None:
 
 
 def test_every_public_function_has_an_argument_table():
-    defined = {name for name, f in inspect.getmembers(bounds, _is_function)
-               if getattr(f, "__module__", None) == bounds.__name__ and not name.startswith("_")}
-    assert defined <= set(FUNCTIONS), f"not in bounds.__all__: {defined - set(FUNCTIONS)}"
+    """Every public function defined in the package's modules is in ``bounds.__all__`` (so
+    fuzzed), and every function there is defined in one of them."""
+    modules = [importlib.import_module(f"{bounds.__name__}.{info.name}")
+               for info in pkgutil.iter_modules(bounds.__path__)]
+    defined = {name for module in modules for name, f in inspect.getmembers(module, _is_function)
+               if getattr(f, "__module__", None) == module.__name__ and not name.startswith("_")}
+    assert defined == set(FUNCTIONS), (f"not in bounds.__all__: {defined - set(FUNCTIONS)}; "
+                                       f"not defined in the package: {set(FUNCTIONS) - defined}")
     missing = [why for name in FUNCTIONS if (why := _untabled(name))]
     assert not missing, "\n".join(missing)
 
