@@ -24,6 +24,7 @@ import torch
 from dpaudit import device as dev_mod
 from dpaudit import dpsgd as D
 from dpaudit import features
+from dpaudit.dpsgd.model import _tensors
 from dpaudit.experiments import jagielski
 from test_jagielski import _task  # a toy task: 40 rows of 6 features
 
@@ -53,11 +54,11 @@ def test_wide_step_on_cuda_equals_each_column_alone(arch, sampling):
         assert got.W[0].device.type == "cuda"
         alone = D.train(X, y, model, cfg, seeds, init=init if cfg.init == "fixed" else None,
                         device="cuda")
-        for a, b in zip(D._tensors(got), D._tensors(alone)):
+        for a, b in zip(_tensors(got), _tensors(alone)):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # cuBLAS: other kernels
     again = D.train(X, y, model, cols, seeds, init=init, device="cuda")
     for p, q in zip(wide, again):  # the same call twice: the same models
-        for a, b in zip(D._tensors(p), D._tensors(q)):
+        for a, b in zip(_tensors(p), _tensors(q)):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -141,16 +142,16 @@ def test_tf32_trains_close_to_fp32_reproducibly_and_restores_torch_setting():
         again = D.train(X, y, model, cfg, [1, 2, 3], device="cuda")
     after = mm.fp32_precision if hasattr(mm, "fp32_precision") else mm.allow_tf32
     assert after == before
-    for a, b, c in zip(D._tensors(tf32), D._tensors(again), D._tensors(fp32)):
+    for a, b, c in zip(_tensors(tf32), _tensors(again), _tensors(fp32)):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c, rtol=0.05, atol=0.02)
-    assert not all(torch.equal(a, c) for a, c in zip(D._tensors(tf32), D._tensors(fp32)))
+    assert not all(torch.equal(a, c) for a, c in zip(_tensors(tf32), _tensors(fp32)))
     torch.set_float32_matmul_precision("high")  # TF32 allowed globally: fp32 stays exact
     try:
         exact = D.train(X, y, model, cfg, [1, 2, 3], device="cuda")
     finally:
         torch.set_float32_matmul_precision("highest")
-    assert all(torch.equal(a, b) for a, b in zip(D._tensors(exact), D._tensors(fp32)))
+    assert all(torch.equal(a, b) for a, b in zip(_tensors(exact), _tensors(fp32)))
 
 
 def test_dirac_canaries_and_a_canary_run_on_cuda():

@@ -9,6 +9,7 @@ from scipy import stats
 from torch import nn
 
 from dpaudit import dpsgd as D
+from dpaudit.dpsgd.model import _tensors
 
 F64 = torch.float64
 
@@ -85,7 +86,7 @@ def test_one_step_update_matches_torch_func(arch, noise_std):
         # The noise of step 1: first row of the model's noise-stream draw for the first
         # chunk of steps (here the only step), laid out as W_0, b_0, W_1, b_1 (row-major).
         z = torch.randn(min(cfg.chunk_steps(n), cfg.steps(n)), model.n_params, dtype=F64,
-                        generator=D._generator(seed, D._NOISE, "cpu"))[0]
+                        generator=D.model._generator(seed, D.model._NOISE, "cpu"))[0]
         torch.testing.assert_close(_flat(got, k), ref_flat - lr / n * noise_std * z,
                                    rtol=1e-10, atol=1e-12)
     if noise_std:
@@ -194,7 +195,7 @@ def test_poisson_batches_have_binomial_sizes_and_no_repeats():
                         sampling="poisson")
     gens = [torch.Generator().manual_seed(s) for s in range(K)]
     sizes = []
-    for idx, valid in D._sample_batches(cfg, n, S, gens, "cpu", torch.float32):
+    for idx, valid in D.sampling._sample_batches(cfg, n, S, gens, "cpu", torch.float32):
         for k in range(K):
             chosen = idx[k][valid[k] > 0]
             assert len(set(chosen.tolist())) == len(chosen)
@@ -211,7 +212,7 @@ def test_poisson_batches_have_binomial_sizes_and_no_repeats():
 def test_shuffle_visits_every_example_once_per_epoch():
     n, B = 103, 10
     cfg = D.DPSGDConfig(epochs=1, batch_size=B, lr=0.1, clip=1.0, noise_multiplier=1.0)
-    batches = D._sample_batches(cfg, n, 2 * cfg.steps_per_epoch(n),
+    batches = D.sampling._sample_batches(cfg, n, 2 * cfg.steps_per_epoch(n),
                                 [torch.Generator().manual_seed(s) for s in (0, 1)], "cpu",
                                 torch.float32)
     assert [idx.shape[1] for idx, _ in batches] == ([10] * 10 + [3]) * 2
@@ -446,8 +447,8 @@ def test_flatten_is_the_noise_layout():
     assert flat.shape == (2, model.n_params)
     for k in range(2):
         assert torch.equal(flat[k], _flat(params, k))
-    views = D._noise_views(flat, params)
-    assert all(torch.equal(v, t) for v, t in zip(views, D._tensors(params)))
+    views = D.model._noise_views(flat, params)
+    assert all(torch.equal(v, t) for v, t in zip(views, _tensors(params)))
     dirac = D.dirac_canaries(model, 7, 2.5, 0, device="cpu")
     assert dirac.shape == (7, model.n_params) and (dirac.count_nonzero(1) == 1).all()
     coords = dirac.nonzero()[:, 1]
@@ -590,7 +591,7 @@ def test_columns_are_the_models_each_config_trains_alone(arch, sampling):
         alone = D.train(X, y, model, cfg, seeds, init=init if cfg.init == "fixed" else None,
                         device="cpu")
         assert got.W[0].shape == (3, *model.shapes[0]) and got.W[0].is_contiguous()
-        for a, b in zip(D._tensors(got), D._tensors(alone)):
+        for a, b in zip(_tensors(got), _tensors(alone)):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
@@ -636,7 +637,7 @@ def test_seeds_per_call_shares_half_the_card_between_its_jobs(monkeypatch):
     cfg = D.DPSGDConfig(epochs=24, batch_size=250, lr=0.15, clip=1.0, noise_multiplier=1.0)
     per_seed = D.step_bytes(model, 6000, cfg, 6)
     free = {"now": 80 * 2**30}
-    monkeypatch.setattr(D, "resolve", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(D.memory, "resolve", lambda device: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (free["now"], 80 * 2**30))
     for jobs in (1, 2, 4):
         want = 40 * 2**30 // jobs // per_seed
@@ -672,12 +673,12 @@ def test_tf32_clip_margin_keeps_every_examples_contribution_within_the_clip(monk
     y = torch.randint(0, 2, (n,), generator=g)
     model = D.ModelSpec("fnn", d, hidden=16)
     params = D.init_params(model, 2, [3, 4], scale=4.0, device="cpu")
-    wide = D._Wide.of(params)
+    wide = D.wide._Wide.of(params)
     xb = X.expand(2, -1, -1)
-    acts, z = D._forward(wide, xb)
+    acts, z = D.wide._forward(wide, xb)
     onehot = torch.nn.functional.one_hot(y, 2).float().T.expand(2, -1, -1)
-    gs = D._backprop(wide, acts, z, onehot)
-    sq = D._sq_grad_norms(acts, gs, xb.square().sum(-1) + 1)
+    gs = D.wide._backprop(wide, acts, z, onehot)
+    sq = D.wide._sq_grad_norms(acts, gs, xb.square().sum(-1) + 1)
     cpu = torch.device("cpu")
 
     def largest(clip):
@@ -691,8 +692,8 @@ def test_tf32_clip_margin_keeps_every_examples_contribution_within_the_clip(monk
         assert float((c < 1).float().mean()) > 0.3  # many clipped: each of them adds ~C
         return float(total.sqrt().max())
 
-    monkeypatch.setattr(D, "_tf32", lambda dev: True)
-    margin = D._clip_scale(cpu)
+    monkeypatch.setattr(D.precision, "_tf32", lambda dev: True)
+    margin = D.precision._clip_scale(cpu)
     assert margin == (1 + 2.0 ** -10) ** -2
     assert largest(C * margin) <= C * (1 + 1e-6)  # float32 rounding of the norms only
     if mode == "nearest":
@@ -709,19 +710,20 @@ def test_matmul_precision_scope_margin_and_refusals(monkeypatch):
             pass
     fp32 = D.train(X, y, model, cfg, [1, 2], device="cpu")
     with D.matmul_precision("tf32"):
-        assert D._PRECISION.get() == "tf32" and not D._tf32(torch.device("cpu"))
+        assert D.precision._PRECISION.get() == "tf32"
+        assert not D.precision._tf32(torch.device("cpu"))
         same = D.train(X, y, model, cfg, [1, 2], device="cpu")
-    assert D._PRECISION.get() == "fp32"
-    assert all(torch.equal(a, b) for a, b in zip(D._tensors(fp32), D._tensors(same)))
-    monkeypatch.setattr(D, "_tf32", lambda dev: True)  # as on CUDA under TF32
+    assert D.precision._PRECISION.get() == "fp32"
+    assert all(torch.equal(a, b) for a, b in zip(_tensors(fp32), _tensors(same)))
+    monkeypatch.setattr(D.precision, "_tf32", lambda dev: True)  # as on CUDA under TF32
     tf32 = D.train(X, y, model, cfg, [1, 2], device="cpu")
     lower = D.DPSGDConfig(**{**vars(cfg), "clip": cfg.clip * (1 + 2.0 ** -10) ** -2})
-    monkeypatch.setattr(D, "_tf32", lambda dev: False)
+    monkeypatch.setattr(D.precision, "_tf32", lambda dev: False)
     want = D.train_with_noise_std(X, y, model, lower, [1, 2], cfg.noise_multiplier * cfg.clip,
                                   device="cpu")
-    assert all(torch.equal(a, b) for a, b in zip(D._tensors(tf32), D._tensors(want)))
+    assert all(torch.equal(a, b) for a, b in zip(_tensors(tf32), _tensors(want)))
     assert not torch.equal(_flat(tf32, 0), _flat(fp32, 0))
-    monkeypatch.setattr(D, "_tf32", lambda dev: True)
+    monkeypatch.setattr(D.precision, "_tf32", lambda dev: True)
     dirs = D.dirac_canaries(model, 2, cfg.clip, 0, device="cpu")
     with pytest.raises(ValueError, match=r"canaries: train with matmul_precision\('fp32'\)"):
         D.train(X, y, model, cfg, [1], device="cpu",

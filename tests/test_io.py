@@ -1,10 +1,14 @@
 """Result tables (:mod:`dpaudit.io`): what is read back is what was written, bit for bit."""
 
+import hashlib
+import importlib
+import sys
+
 import numpy as np
 import pytest
 import pandas as pd
 
-from dpaudit.io import read_provenance, read_table, write_table
+from dpaudit.io import read_provenance, read_table, source_digest, write_table
 
 # Scores of a CUDA run whose kept blocks, read back by pandas 2.2's default float parser,
 # were restored one unit in the last place off (0.35300683975219727 -> 0.3530068397521972).
@@ -51,3 +55,29 @@ def test_tables_are_read_with_the_exact_float_parser_before_pandas_3_1(tmp_path,
     monkeypatch.setattr(pd, "read_csv", lambda *a, **kw: calls.append(kw) or read_csv(*a))
     read_table(tmp_path / "t.csv")
     assert calls == [options]
+
+
+def test_source_digest_of_a_package_covers_every_module_in_name_order(tmp_path, monkeypatch):
+    """A package's own source is only its __init__: its digest is that of all its modules,
+    sorted by name, so an edit to any of them (here the second) is a new digest; a plain
+    module's digest is that of its source."""
+    pkg = tmp_path / "digestpkg"
+    pkg.mkdir()
+    files = {"__init__.py": '"""Two modules."""\nfrom .b import g\n',
+             "b.py": "def g():\n    return 2\n", "a.py": "def f():\n    return 1\n"}
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        mod = importlib.import_module("digestpkg")
+        want = hashlib.sha256("".join(f"{name}\n{files[file]}" for name, file in (
+            ("digestpkg", "__init__.py"), ("digestpkg.a", "a.py"), ("digestpkg.b", "b.py")))
+            .encode()).hexdigest()
+        assert source_digest(mod) == want
+        (pkg / "b.py").write_text("def g():\n    return 20\n")
+        assert source_digest(mod) != want
+        plain = importlib.import_module("digestpkg.a")
+        assert source_digest(plain) == hashlib.sha256(files["a.py"].encode()).hexdigest()
+    finally:
+        for name in ("digestpkg", "digestpkg.a", "digestpkg.b"):
+            sys.modules.pop(name, None)

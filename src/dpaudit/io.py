@@ -122,10 +122,20 @@ def array_digest(arrays: dict[str, Any]) -> str:
 
 def source_digest(*objects: Any) -> str:
     """SHA-256 of the source code of ``objects`` (modules, functions, classes), in order:
-    results kept under it are reused only while that code is unchanged."""
+    results kept under it are reused only while that code is unchanged. A package counts
+    as all of its modules, sorted by name (its own source is only its ``__init__``)."""
+    import importlib
     import inspect
+    import pkgutil
 
     h = hashlib.sha256()
     for obj in objects:
-        h.update(inspect.getsource(obj).encode())
+        if not inspect.ismodule(obj) or not hasattr(obj, "__path__"):
+            h.update(inspect.getsource(obj).encode())
+            continue
+        names = [obj.__name__] + [m.name for m in pkgutil.walk_packages(obj.__path__,
+                                                                         obj.__name__ + ".")]
+        for name in sorted(names):
+            h.update(f"{name}\n".encode())
+            h.update(inspect.getsource(importlib.import_module(name)).encode())
     return h.hexdigest()

@@ -1,0 +1,227 @@
+"""Gradient canaries for white-box one-run audits: Dirac canaries, the canaries a training
+call inserts, their scores, and the trainer's per-step canary work.
+
+The trainer's ``canaries=`` (:class:`GradientCanaries`) inserts m fixed vectors g_j of norm
+exactly C into the update: canary j is part of model k's run iff ``included[k, j]`` (drawn
+by the caller, typically a fair coin: Steinke, Nasr & Jagielski 2023, "Privacy Auditing with
+One (1) Training Run"), and at every step each included canary is independently sampled with
+rate q (default: the data's B/n, the subsampling the accountants assume), its vector then
+added to the clipped gradient sum exactly as a clipped example's gradient would be (before
+the noise, before the division by B). Such gradient canaries (Nasr, Hayes, Steinke, Balle,
+Tramèr, Jagielski, Carlini & Terzis 2023, "Tight Auditing of Differentially Private Machine
+Learning"), in particular Dirac canaries (one coordinate set to C, :func:`dirac_canaries`),
+are the worst-case insertion DP-SGD's guarantee covers, so the audit measures the mechanism
+rather than how well an input example can be made to stand out. The trainer returns the
+summed scores sum_t <theta_t - theta_{t+1}, g_j> (float64, higher = "in"), which telescope
+to the last-iterate score <theta_0 - theta_T, g_j> (:func:`last_iterate_scores`, via
+:func:`flatten`), and, with noise, the all-iterates test :attr:`CanaryRun.llr`: per step the
+likelihood ratio of "sampled at rate q" against "absent", which only an auditor who sees
+every iterate can compute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..device import resolve
+from .model import _CANARY, ModelSpec, Params, _generator, _noise_views, _tensors, flatten
+from .sampling import _each_model
+
+
+def last_iterate_scores(theta0: Params, thetaT: Params, directions: torch.Tensor) -> torch.Tensor:
+    """Last-iterate canary scores <theta_0 - theta_T, g_j>, (K, m) float64 (higher = "in").
+
+    ``theta0`` of K models or of one (the shared "fixed" init), ``thetaT`` of K models,
+    ``directions`` (m, P) as in :class:`GradientCanaries`. For the "glorot" init, theta_0 of
+    the models trained with ``seeds`` is ``init_params(model, K, seeds, cfg.init_scale,
+    device=<the training device>)``: the generators are device-specific, so an init drawn on
+    another device is another init (mixing devices here raises torch's device error).
+    """
+    step = flatten(theta0).double() - flatten(thetaT).double()
+    return step @ directions.to(step.device, torch.float64).T
+
+
+def dirac_canaries(model: ModelSpec, m: int, clip: float, seed, candidates=None, *,
+                   dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """m Dirac gradient canaries (m, P): rows C * e_{c_j} at m distinct coordinates c_j.
+
+    The coordinates are drawn uniformly without replacement (``numpy.random.default_rng
+    (seed)``) among ``candidates`` (indices into the flattened layout of :func:`flatten`),
+    by default the weights of the first layer. Why there: any direction of norm C is a
+    valid insertion for DP-SGD's guarantee, but the data's clipped gradients moving the
+    canary's coordinate add to the score's noise. A first-layer weight W_0[i, h] receives
+    x_i g_h from each example, small where the input feature i is mostly zero (the border
+    pixels of FMNIST), whereas the biases and the head receive a term from every example.
+    The first layer also holds nearly all parameters (25,088 of 25,186 for 784 -> 32 -> 2),
+    so m ~ 1000 distinct coordinates are easily found, and distinct coordinates make the
+    canaries orthogonal: one canary's insertions do not enter another's score (only through
+    the training dynamics). Weights of an input feature that is 0 on every training example
+    get no data gradient and do not affect the forward pass at all; with those as
+    ``candidates`` (rows i of W_0: coordinates i * fan_out + h) the score is exactly
+    lr / B * (C^2 * #sampled steps + C * noise), the Gaussian mechanism of the analysis.
+    """
+    P = model.n_params
+    if candidates is None:
+        candidates = np.arange(model.shapes[0][0] * model.shapes[0][1])
+    candidates = np.unique(np.asarray(candidates, dtype=np.int64))
+    if candidates.size == 0 or candidates[0] < 0 or candidates[-1] >= P:
+        raise ValueError(f"dirac_canaries: candidates must be indices in [0, {P})")
+    if isinstance(m, bool) or int(m) != m or not 1 <= m <= candidates.size:
+        raise ValueError(f"dirac_canaries: m={m} must be an integer in [1, {candidates.size}] "
+                         f"(the number of candidate coordinates)")
+    if not clip > 0:
+        raise ValueError(f"dirac_canaries: clip={clip} must be > 0")
+    coords = np.random.default_rng(seed).choice(candidates, int(m), replace=False)
+    directions = torch.zeros(int(m), P, dtype=dtype, device=resolve(device))
+    directions[torch.arange(int(m), device=directions.device),
+               torch.as_tensor(coords, device=directions.device)] = clip
+    return directions
+
+
+@dataclass(frozen=True)
+class GradientCanaries:
+    """m gradient canaries for a white-box one-run audit (see the module docstring).
+
+    directions: (m, P) float, row j the canary's vector g_j in the layout of :func:`flatten`;
+    every row must have L2 norm ``cfg.clip`` (within 1e-5 relative), the most one clipped
+    example can contribute. included: (K, m) bool, canary j is inserted into model k's run
+    (the k-th seed of the trainer) iff included[k, j]. rate: the probability with which an
+    included canary is added at each step, independently across steps, canaries and models;
+    None = the data's rate q = batch_size / n. The sampling draws come from each model's own
+    canary stream and do not depend on ``included`` or ``rate`` (a run with a canary in and
+    one with it out are paired: u[k, t, j] < rate decides at every step).
+    Extra memory: the directions on the device, and (K, chunk_steps, m) bytes of draws.
+    """
+
+    directions: torch.Tensor
+    included: torch.Tensor
+    rate: float | None = None
+
+    def __post_init__(self):
+        d, inc, rate = self.directions, self.included, self.rate
+        if not isinstance(d, torch.Tensor) or d.dim() != 2 or d.shape[0] < 1 \
+                or not d.is_floating_point():
+            got = tuple(d.shape) if isinstance(d, torch.Tensor) else type(d).__name__
+            raise ValueError(f"canaries.directions: must be a floating (m, P) tensor with "
+                             f"m >= 1; got {got}")
+        if not isinstance(inc, torch.Tensor) or inc.dtype != torch.bool or inc.dim() != 2 \
+                or inc.shape[1] != d.shape[0]:
+            got = (f"{inc.dtype} {tuple(inc.shape)}" if isinstance(inc, torch.Tensor)
+                   else type(inc).__name__)
+            raise ValueError(f"canaries.included: must be a bool (K, m={d.shape[0]}) tensor; "
+                             f"got {got}")
+        try:
+            ok = rate is None or (not isinstance(rate, bool) and 0 < float(rate) <= 1)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"canaries.rate={rate!r}: must be in (0, 1] (or None: the data's "
+                             f"rate batch_size / n)")
+
+    def check(self, model: ModelSpec, clip: float, K: int) -> None:
+        """Shapes against the model and the K trained models; norms equal to ``clip``."""
+        m, P = self.directions.shape
+        if P != model.n_params:
+            raise ValueError(f"canaries.directions: {P} columns, but the model has "
+                             f"P={model.n_params} parameters")
+        if self.included.shape[0] != K:
+            raise ValueError(f"canaries.included: {self.included.shape[0]} rows for K={K} models")
+        # In the directions' dtype: float32 rounding (< 1e-6 relative) is far below 1e-5.
+        norms = torch.linalg.vector_norm(self.directions, dim=1).double()
+        bad = ~((norms - clip).abs() <= 1e-5 * clip)  # also catches nan/inf
+        if bad.any():
+            j = int(bad.nonzero()[0])
+            raise ValueError(f"canaries.directions: every row must have L2 norm "
+                             f"DPSGDConfig.clip={clip} (within 1e-5 relative); {int(bad.sum())} "
+                             f"of {m} do not, e.g. row {j}: {float(norms[j])}")
+
+
+class CanaryRun(NamedTuple):
+    """What the trainer returns with ``canaries=``: the trained Params; ``scores`` (K, m)
+    float64, sum_t <theta_t - theta_{t+1}, g_j> (higher = "in"), which telescopes to the
+    last-iterate score; and ``llr`` (K, m), the all-iterates test: the sum over steps of the
+    log likelihood ratio log(1 - q + q exp(mu z_t - mu^2 / 2)) of "canary j sampled at rate
+    q" against "absent", with z_t = <theta_t - theta_{t+1}, g_j> / (lr / B * noise_std * C)
+    and mu = C / noise_std (the data's gradients ignored): an auditor who sees every
+    iterate weighs each step by how likely it holds the canary, which a sum of inner
+    products cannot. None without noise (where it is undefined)."""
+
+    params: Params
+    scores: torch.Tensor
+    llr: torch.Tensor | None = None
+
+
+class _CanaryHook:
+    """The trainer's canary work: per chunk one draw per model; per step the sampled sum
+    (K, m) x (m, P) added to the update, and the score update (K, P) x (P, m) of the step.
+    Dirac canaries (one nonzero per row) take an index_add and a gather instead."""
+
+    def __init__(self, canaries: GradientCanaries, rate: float, states, params: Params, dev,
+                 dtype, step_size: float, noise_std: float, clip: float):
+        d = canaries.directions.to(dev)
+        K, (m, P) = params.K, d.shape
+        self.K, self.m, self.rate, self.dev, self.dtype = K, m, float(rate), dev, dtype
+        self.included = canaries.included.to(dev)
+        self.gens = [_generator(None, _CANARY, dev, st) for st in states]
+        self.scores = torch.zeros(K, m, device=dev, dtype=torch.float64)
+        # Per-step likelihood ratio: z = <step, g> / (step_size noise_std C) is N(0, 1) from
+        # the noise plus mu = C / noise_std when the canary was added (data ignored).
+        self.llr = torch.zeros(K, m, device=dev, dtype=torch.float64) if noise_std > 0 else None
+        if self.llr is not None:
+            self.z_scale = 1.0 / (step_size * noise_std * clip)
+            self.mu = clip / noise_std
+            self.log_out, self.log_in = math.log1p(-self.rate) if self.rate < 1 else -math.inf, \
+                math.log(self.rate) - self.mu ** 2 / 2
+        self.csum = torch.empty(K, P, device=dev, dtype=dtype)
+        self.flat = flatten(params)
+        if bool((torch.linalg.vector_norm(d, 0, dim=1) == 1).all()):  # nonzeros per row
+            self.coords = torch.nonzero(d)[:, 1]  # row-major: row j's coordinate is entry j
+            self.values = d[torch.arange(m, device=dev), self.coords].double()
+            self.values_dt = self.values.to(dtype)
+            self.dirs = None
+            self.prev = self.flat.index_select(1, self.coords).double()  # (K, m)
+        else:
+            self.dirs = d.to(dtype)
+            self.prev, self.step = self.flat.clone(), torch.empty_like(self.flat)
+
+    def draw(self, S: int) -> None:
+        """Which included canaries are sampled at each of the next S steps, (K, S, m) bool."""
+        self.sampled = torch.empty(self.K, S, self.m, device=self.dev, dtype=torch.bool)
+
+        def fill(k):
+            u = torch.rand(S, self.m, generator=self.gens[k], device=self.dev)
+            torch.lt(u, self.rate, out=self.sampled[k])
+
+        _each_model(fill, self.K, self.dev)
+        self.sampled &= self.included.unsqueeze(1)
+
+    def add(self, params: Params, s: int, step_size: float) -> None:
+        """theta -= step_size * (sum of the canaries sampled at step s of the chunk)."""
+        hit = self.sampled[:, s].to(self.dtype)  # (K, m)
+        if self.dirs is None:
+            self.csum.zero_().index_add_(1, self.coords, hit.mul_(self.values_dt))
+        else:
+            torch.matmul(hit, self.dirs, out=self.csum)
+        for param, c in zip(_tensors(params), _noise_views(self.csum, params)):
+            param.sub_(c, alpha=step_size)
+
+    def observe(self, params: Params) -> None:
+        """scores += <theta_t - theta_{t+1}, g_j>, after the step to theta_{t+1}."""
+        torch.cat([t.reshape(self.K, -1) for t in _tensors(params)], dim=1, out=self.flat)
+        if self.dirs is None:
+            new = self.flat.index_select(1, self.coords).double()
+            step = (self.prev - new).mul_(self.values)
+            self.prev = new
+        else:
+            torch.sub(self.prev, self.flat, out=self.step)
+            step = (self.step @ self.dirs.T).double()
+            self.prev, self.flat = self.flat, self.prev
+        self.scores.add_(step)
+        if self.llr is not None:  # log(1 - q + q exp(mu z - mu^2 / 2)) per step
+            self.llr.add_(torch.logaddexp(torch.full_like(step, self.log_out),
+                                          step.mul_(self.z_scale * self.mu).add_(self.log_in)))

@@ -1,0 +1,52 @@
+"""Memory sizing of training calls: the bytes one seed adds to a call
+(:func:`step_bytes`) and how many seeds to train per call (:func:`seeds_per_call`)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..device import resolve
+from .model import DPSGDConfig, ModelSpec
+
+
+def step_bytes(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
+               dtype_bytes: int = 4) -> int:
+    """Bytes one seed adds to a training call of ``columns`` columns: its noise chunk
+    (chunk_steps x P), its sampling draws for a chunk, its weights (and the layer
+    gradients the step forms), and one step's gathered batch with every column's
+    activations, backprop signals and their temporaries (:func:`_train`)."""
+    S, B, P = cfg.chunk_steps(n), cfg.batch_size, model.n_params
+    if cfg.sampling == "shuffle":  # float64 keys and int64 argsort per epoch of the chunk
+        draws = 16 * (S // cfg.steps_per_epoch(n)) * n
+        width = B
+    else:  # float32 uniforms, bool mask, int64 cumsum and indices; batches padded
+        draws = 21 * S * n
+        width = B + 6 * math.isqrt(B) + 6
+    outs = sum(o for _, o in model.shapes)
+    noise = dtype_bytes * S * P
+    weights = dtype_bytes * 2 * columns * P
+    step = dtype_bytes * width * (model.in_dim + 6 * columns * outs)
+    return noise + draws + weights + step
+
+
+def seeds_per_call(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
+                   device=None, limit: int = 4096, jobs_per_gpu: int = 1) -> int:
+    """How many seeds to train per :func:`train` call of ``columns`` columns, at most
+    ``limit`` (e.g. the trials left to train on one data set).
+
+    CPU: enough that K x columns >= 32 models (batching amortises the per-step overhead;
+    benchmarks/bench_dpsgd.py). CUDA: as many as fit, by :func:`step_bytes`, in this job's
+    share of half the card's memory, the card being shared by ``jobs_per_gpu`` training
+    jobs (the workflow's ``jobs_per_gpu``), and never more than 90% of what is free now.
+    """
+    if isinstance(jobs_per_gpu, bool) or int(jobs_per_gpu) != jobs_per_gpu or jobs_per_gpu < 1:
+        raise ValueError(f"jobs_per_gpu={jobs_per_gpu!r}: must be an integer >= 1")
+    dev = resolve(device)
+    if dev.type != "cuda":
+        return max(1, min(limit, math.ceil(32 / columns)))
+    free, total = torch.cuda.mem_get_info(dev)
+    per_seed = step_bytes(model, n, cfg, columns)
+    budget = min(total // (2 * int(jobs_per_gpu)), int(0.9 * free))
+    return int(max(1, min(limit, budget // per_seed)))
