@@ -282,7 +282,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
         return {**(base or {}), "test_acc": test is not None,
                 **({"canary_label": int(label)} if canary_in else {})}
 
-    def train_score(side: Side, chunk: list[int]) -> dict:
+    def train_score(side: Side, start: int, chunk: list[int]) -> dict:
         insert = label if side.columns["canary_in"] else None
         fns = {None: train_fn}
         if together:  # the others as columns of the same call, when they can be
@@ -297,7 +297,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
         for name, (_, other_store, other_key) in together.items():
             if name in stats:
                 trials.keep(other_store, keyed(other_key, insert is not None), side,
-                            list(side.seeds).index(chunk[0]), chunk, stats[name])
+                            start, chunk, stats[name])
         return stats[None]
 
     log = progress
