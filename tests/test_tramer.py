@@ -276,6 +276,24 @@ def test_user_function_by_module_path(user_module):
     assert verdicts == {True: tramer.VIOLATES, False: tramer.NO_VIOLATION}
 
 
+def test_batched_runs_equal_unbatched_ones(user_module, tmp_path):
+    """The trials loop hands each batch its start: batches of 1, 7 or all runs train the
+    same runs (seed for seed) and keep them under the same trial numbers."""
+    X, y = _image_like(60, 4, 4, seed=2)
+    canary = canaries.make_canary("checkerboard", X, y)
+    fn = subjects.load_train_fn(f"{user_module}:train")
+    spec = {"n_classes": 2, "clip": 1.0, "sigma": 1.0}
+    out = {b: tramer.audit_implementation(fn, X, y, canary, EPS, DELTA, runs=40, val_runs=9,
+                                          spec=spec, seed=4, batch_runs=b,
+                                          store=tmp_path / str(b))
+           for b in (1, 7, 1000)}
+    for b in (1, 7):
+        pd.testing.assert_frame_equal(out[b][1], out[1000][1], check_exact=True)
+        assert out[b][0] == out[1000][0]
+    kept = sorted(p.name for p in (tmp_path / "7").iterdir())
+    assert "evaluation_runs_with_canary_000035-000040.csv" in kept and len(kept) == 2 * (6 + 2)
+
+
 # ---- the CLI -------------------------------------------------------------------------------
 
 @pytest.fixture

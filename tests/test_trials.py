@@ -14,7 +14,8 @@ def _sides():
 
 
 def _recording(calls):
-    def train_score(side, chunk):
+    def train_score(side, start, chunk):
+        assert list(side.seeds[start:start + len(chunk)]) == list(chunk)
         calls.append((side.name, list(chunk)))
         rng = np.random.default_rng(chunk[0])  # a batch's numbers depend on its seeds only
         return {"loss": rng.normal(size=len(chunk)) * 1e-3,

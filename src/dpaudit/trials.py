@@ -2,9 +2,9 @@
 neighbouring pair (or of several), score them, and report progress.
 
 An experiment describes its sides (:class:`Side`: a name, the seeds of its trials and any
-columns to carry) and one function ``train_score(side, seeds) -> {statistic: array}`` that
-trains ``len(seeds)`` models at once and returns one value (or one vector) per model for
-each statistic; :func:`run` does the batching, the bookkeeping (trial index, seed) and the
+columns to carry) and one function ``train_score(side, start, seeds) -> {statistic:
+array}`` that trains ``len(seeds)`` models at once (the side's trials ``start, start + 1,
+...``) and returns one value (or one vector) per model for each statistic; :func:`run` does the batching, the bookkeeping (trial index, seed) and the
 progress lines. With a ``store`` folder each finished batch is kept there (:func:`keep`),
 so a rerun with the same key (an interrupted job, a timed-out cluster job) trains only
 the batches it lacks.
@@ -31,7 +31,8 @@ class Side:
     columns: dict = field(default_factory=dict)
 
 
-TrainScore = Callable[[Side, list[int]], dict]
+#: train_score(side, start, seeds): the trials start, start + 1, ... of side, one per seed
+TrainScore = Callable[[Side, int, list[int]], dict]
 
 
 def run(sides: Sequence[Side], train_score: TrainScore, batch: int,
@@ -60,7 +61,7 @@ def run(sides: Sequence[Side], train_score: TrainScore, batch: int,
     t0 = last = time.perf_counter()
     for (side, start, chunk), got in zip(chunks, stats):
         if got is None:
-            got = train_score(side, chunk)
+            got = train_score(side, start, chunk)
             if store is not None:
                 keep(store, key or {}, side, start, chunk, got)
             done += len(chunk)

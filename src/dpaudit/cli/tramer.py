@@ -46,9 +46,11 @@ def _positive_int(value: int, name: str, low: int = 1) -> int:
 
 
 def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, batch_runs: int,
-           classes, label, spec: dict, device: str | None = None) -> dict:
-    """Every check that can fail before training: claim, run counts, functions, specs;
-    ``device``: where the registry subjects train unless ``spec`` names a device."""
+           classes, label, spec: dict, device: str | None = None, seed_check: int | None = None,
+           max_diverged: float = 0.0) -> dict:
+    """Every check that can fail before training: claim, run counts, functions, specs,
+    the integrity checks' options; ``device``: where the registry subjects train unless
+    ``spec`` names a device; ``seed_check`` None: the default number of seeds."""
     from .. import subjects
     from ..experiments import tramer
 
@@ -65,6 +67,11 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
     _positive_int(val_runs, "--val-runs")
     _positive_int(n_train, "--n-train", 2)
     _positive_int(batch_runs, "--batch-runs")
+    seed_check = tramer.SEED_CHECK if seed_check is None else seed_check
+    try:
+        tramer.check_options(seed_check, max_diverged)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from exc
     if (len(classes) < 2 or len(set(classes)) != len(classes)
             or not all(0 <= c <= 9 for c in classes)):
         raise SpecError(f"--classes={classes!r}: must be >= 2 distinct FMNIST classes in 0..9")
@@ -96,7 +103,8 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
         plans.append((target, fn, target_spec))
     return {"eps": eps, "delta": delta, "alpha": alpha, "min_runs": need, "classes": classes,
             "plans": plans, "runs": runs, "val_runs": val_runs, "n_train": n_train,
-            "batch_runs": batch_runs, "label": label}
+            "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
+            "max_diverged": max_diverged}
 
 
 def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Path,
@@ -147,14 +155,23 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
         # Trained beside it where both are registry subjects (subjects.train_columns).
         together = {t: kept[t] for t, _, s in plan["plans"] if t != target and t in kept
                     and s == spec}
-        row, loss = tramer.audit_implementation(
-            fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"], plan["val_runs"], spec,
-            seed, plan["alpha"], plan["batch_runs"],
-            progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr),
-            test=test, store=where, key=key, together=together)
+        try:
+            row, loss = tramer.audit_implementation(
+                fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"], plan["val_runs"],
+                spec, seed, plan["alpha"], plan["batch_runs"],
+                progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr),
+                test=test, store=where, key=key, together=together,
+                seed_check=plan["seed_check"], max_diverged=plan["max_diverged"])
+        except tramer.Unauditable as exc:
+            raise SpecError(f"--train {target}: cannot be audited, no result written: "
+                            f"{exc}") from exc
+        checked = (f"{row['seed_check']} seeds re-trained: deterministic"
+                   if row["seed_check"] else "seeds not checked")
         print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
-              f"{row['eps_lb']:.3f} (claimed {plan['eps']:g}): {row['verdict']}; test "
-              f"accuracy {row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
+              f"{row['eps_lb']:.3f} (claimed {plan['eps']:g}): {row['verdict']}; "
+              f"{row['usable_runs']} of {row['total_runs']} runs usable "
+              f"({row['diverged_runs']} diverged, counted as out); {checked}; test accuracy "
+              f"{row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
               f"{row['test_acc_max']:.3f})", file=sys.stderr)
         rows.append({"implementation": target, **row, "min_runs": plan["min_runs"],
                      "n_train": n_train})
@@ -178,7 +195,8 @@ def _audit_impl(args) -> None:
     except ValueError:
         classes = []
     plan = _check(args.train, args.eps, args.delta, args.alpha, args.runs, args.val_runs,
-                  args.n_train, args.batch_runs, classes, args.label, args.spec)
+                  args.n_train, args.batch_runs, classes, args.label, args.spec,
+                  seed_check=args.seed_check, max_diverged=args.max_diverged)
     provenance = {"command": "audit-impl", "spec": args.spec, "seed": args.seed,
                   "args": {k: v for k, v in vars(args).items() if k != "func"}}
     _run(plan, args.canary, args.data_root, args.download, args.seed, args.out, args.losses,
@@ -200,7 +218,7 @@ def _tramer_audit(args) -> None:
             raise SpecError(f"tramer.user.spec={claim['spec']!r}: must be a JSON object")
     plan = _check(train, claim["eps"], claim["delta"], sec["alpha"], claim["runs"],
                   claim["val_runs"], sec["n_train"], sec["batch_runs"], sec["classes"], None,
-                  spec, args.device)
+                  spec, args.device, claim.get("seed_check"), claim.get("max_diverged", 0.0))
     provenance = {"command": "tramer-audit", "target": args.target, "spec": sec, "data": data,
                   "seed": args.seed}
     _run(plan, claim["canary"], data["root"], data["download"], args.seed, args.out,
@@ -293,6 +311,13 @@ def register(subparsers) -> None:
     p.add_argument("--losses", type=Path, default=None,
                    help="per-run canary losses CSV (default: OUT with suffix _losses)")
     p.add_argument("--store", type=Path, default=None, help=STORE_HELP)
+    p.add_argument("--seed-check", type=int, default=None, metavar="K",
+                   help="before the runs, train K seeds twice (the second time in reverse "
+                        "order) and refuse the function unless each seed gives the same "
+                        "logits and different seeds differ; 0 skips it (default 3)")
+    p.add_argument("--max-diverged", type=float, default=0.0, metavar="F",
+                   help="largest fraction of runs that may diverge (non-finite canary loss; "
+                        "they count as 'out'); more, and the audit refuses (default 0)")
     p.set_defaults(func=_audit_impl)
 
     p = subparsers.add_parser(

@@ -97,6 +97,43 @@ def trainer_digest() -> str:
     return source_digest(dpsgd, subjects, canaries, seeds, trials, sys.modules[__name__])
 
 
+class Unauditable(ValueError):
+    """The training function's runs cannot be audited (they break the contract, diverge,
+    learn nothing or do not follow their seeds): any verdict on them would certify nothing."""
+
+
+#: Seeds :func:`check_seeds` re-trains by default before an audit.
+SEED_CHECK = 3
+#: The contract of a training function's output, for messages.
+CONTRACT = ("train(X, y, seeds, spec) must return predict, and predict(x) a floating-point "
+            "torch tensor of logits of shape (len(seeds), len(x), n_classes)")
+
+
+def _trained(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict):
+    """``logits_of(rows)``: the logits (runs, rows, C) of ``train_fn``'s runs on (X, y),
+    refused (:class:`Unauditable`) unless they keep the contract, C = max label + 1."""
+    predict = train_fn(X, y, list(seeds), spec)
+    if not callable(predict):
+        raise Unauditable(f"train returned {type(predict).__name__}, not a function; {CONTRACT}")
+    runs, n_classes = len(seeds), int(y.max()) + 1
+
+    def logits_of(rows: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            z = predict(rows.to(X.dtype))
+        shape = tuple(getattr(z, "shape", ()))
+        if not (isinstance(z, torch.Tensor) and z.is_floating_point()
+                and shape == (runs, len(rows), n_classes)):
+            got = type(z).__module__ + "." + type(z).__name__
+            if hasattr(z, "shape"):
+                got += f" of shape {shape}, dtype {getattr(z, 'dtype', '?')}"
+            raise Unauditable(f"predict(x) returned {got}; the contract is a floating-point "
+                              f"torch tensor of shape (len(seeds)={runs}, "
+                              f"len(x)={len(rows)}, n_classes={n_classes})")
+        return z
+
+    return logits_of
+
+
 def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
                seeds: Sequence[int], spec: dict, insert_label: int | None = None,
                test: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
@@ -104,21 +141,13 @@ def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
     canary (x, insert_label) appended once to the training data) and return
     ``log_prob``, the log-probabilities (runs, C) they give the canary input ``x``, and,
     with ``test = (X_test, y_test)``, ``test_acc``, each model's accuracy (runs,) on it.
+    Output that breaks the contract (:data:`CONTRACT`) is refused (:class:`Unauditable`).
 
     NaN outputs (a diverged run) become -inf log-probabilities, i.e. infinite loss: a
     fixed decision; a test prediction with a non-finite logit counts as wrong.
     """
     X, y = _with_canary(X, y, x, insert_label)
-    predict = train_fn(X, y, list(seeds), spec)
-
-    def logits_of(rows: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            z = predict(rows.to(X.dtype))
-        if z.ndim != 3 or z.shape[:2] != (len(seeds), len(rows)):
-            raise ValueError(f"predict(x) returned shape {tuple(z.shape)}; the contract is "
-                             f"(len(seeds)={len(seeds)}, len(x)={len(rows)}, n_classes)")
-        return z
-
+    logits_of = _trained(train_fn, X, y, seeds, spec)
     # The canary in a call of its own: its logits do not depend on the test set's size
     # (a matmul's rounding does), so the losses stay those of an audit without it.
     lp = torch.log_softmax(logits_of(x[None])[:, 0].to(torch.float64), dim=-1).cpu().numpy()
@@ -128,6 +157,52 @@ def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
         right = (z.argmax(-1) == test[1].to(z.device)) & torch.isfinite(z).all(-1)
         out["test_acc"] = right.to(torch.float64).mean(1).cpu().numpy()
     return out
+
+
+def check_options(seed_check: int, max_diverged: float) -> None:
+    """ValueError naming the option unless ``seed_check`` (seeds of :func:`check_seeds`)
+    is 0 (no check) or >= 2 and ``max_diverged`` is a fraction in [0, 1)."""
+    if seed_check == 1 or seed_check < 0:
+        raise ValueError(f"seed_check={seed_check}: must be 0 (no check) or >= 2 seeds")
+    if not 0 <= max_diverged < 1:
+        raise ValueError(f"max_diverged={max_diverged!r}: must be a fraction in [0, 1)")
+
+
+def check_seeds(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict,
+                rows: torch.Tensor) -> None:
+    """Refuse (:class:`Unauditable`) a function whose runs do not follow their seeds.
+
+    Trains the runs of ``seeds`` (at least 2) twice, the second time in reverse order, and
+    compares their logits on ``rows`` (the canary first): a run must give the same logits
+    (to 1e-4 of their largest magnitude, which GPU reductions' rounding stays within)
+    wherever its seed stands in the call, or its randomness does not come from its seed
+    alone (a global generator, or one seeded by the call); and the runs of different seeds
+    must not all give identical logits (one fixed seed for every run), or they are not
+    independent runs and no count of them bounds a probability.  Refuses first when every
+    run's canary logits are non-finite (diverged), as the audit would later.
+    """
+    seeds = list(seeds)
+    if len(seeds) < 2:
+        raise ValueError(f"seeds: the check needs at least 2, got {len(seeds)}")
+    z = _trained(train_fn, X, y, seeds, spec)(rows).to(torch.float64).cpu()
+    if not torch.isfinite(z[:, 0]).all(-1).any():
+        raise Unauditable(f"all {len(seeds)} runs of the seed check diverged (non-finite "
+                          "logits on the canary input)")
+    again = _trained(train_fn, X, y, seeds[::-1], spec)(rows).to(torch.float64).cpu().flip(0)
+    finite = z[torch.isfinite(z)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    for k, seed in enumerate(seeds):
+        if not torch.allclose(z[k], again[k], rtol=0.0, atol=1e-4 * scale, equal_nan=True):
+            raise Unauditable(
+                f"not deterministic in its seed: the run of seed {seed} gave other logits "
+                f"when trained again (seeds {seeds}, then reversed; largest difference "
+                f"{float((z[k] - again[k]).abs().nan_to_num(nan=np.inf).max()):.3g} at "
+                f"logit scale {scale:.3g}); take all of a run's randomness from its own "
+                "seed, e.g. torch.Generator().manual_seed(seed)")
+    if all(torch.equal(z[k], z[0]) for k in range(1, len(seeds))):
+        raise Unauditable(f"the runs of {len(seeds)} different seeds {seeds} gave identical "
+                          "logits: the function ignores its seeds (one fixed seed for every "
+                          "run?); runs must be independent, one per seed")
 
 
 def accuracy_columns(test_acc, source: str) -> dict:
@@ -245,7 +320,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                          spec: dict, seed: int, alpha: float = ALPHA, batch_runs: int = 1000,
                          progress: Progress | None = None,
                          test: tuple[torch.Tensor, torch.Tensor] | None = None, store=None,
-                         key: dict | None = None, together: dict | None = None
+                         key: dict | None = None, together: dict | None = None,
+                         seed_check: int = SEED_CHECK, max_diverged: float = 0.0
                          ) -> tuple[dict, pd.DataFrame]:
     """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
 
@@ -266,10 +342,23 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     subjects), every batch trains them all as the columns of one call and keeps their
     statistics in their stores under their keys, where their own audit finds them (with
     the same canary label) instead of training.
+
+    The audit refuses (:class:`Unauditable`, before writing anything) what it cannot
+    audit: output that breaks the contract; runs that do not follow their seeds
+    (:func:`check_seeds` on ``seed_check`` seeds of their own before any run; 0 skips
+    it); more than a fraction ``max_diverged`` of runs with a non-finite canary loss
+    (diverged: they count as "out", a fixed decision); and, with ``test``, models whose
+    mean test accuracy is no better than always predicting the most frequent test class.
+    The row says how many runs were usable (``usable_runs``, finite canary loss, of
+    ``total_runs``), how many diverged and how many seeds were checked.
     """
     if runs < 1 or val_runs < 1:
         raise ValueError("runs and val_runs must be >= 1")
+    check_options(seed_check, max_diverged)
     label = canary.label
+    if seed_check:  # before any run: a function that ignores its seeds fails in seconds
+        check_seeds(train_fn, X, y, run_seeds(seed, "seed-check", False, seed_check), spec,
+                    torch.cat([canary.x[None].to(X.dtype), X[:100]]))
 
     def side(split: str, canary_in: bool, n: int) -> Side:
         return Side(f"{split} runs {'with' if canary_in else 'without'} canary",
@@ -282,7 +371,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
         return {**(base or {}), "test_acc": test is not None,
                 **({"canary_label": int(label)} if canary_in else {})}
 
-    def train_score(side: Side, chunk: list[int]) -> dict:
+    def train_score(side: Side, start: int, chunk: list[int]) -> dict:
         insert = label if side.columns["canary_in"] else None
         fns = {None: train_fn}
         if together:  # the others as columns of the same call, when they can be
@@ -297,7 +386,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
         for name, (_, other_store, other_key) in together.items():
             if name in stats:
                 trials.keep(other_store, keyed(other_key, insert is not None), side,
-                            list(side.seeds).index(chunk[0]), chunk, stats[name])
+                            start, chunk, stats[name])
         return stats[None]
 
     log = progress
@@ -316,8 +405,21 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     out = out.rename(columns={"trial": "run"})[keep]
     groups = dict(list(out.groupby(["split", "canary_in"])))
     losses = pd.concat([groups[key] for key in GROUPS], ignore_index=True)
+    diverged = int((~np.isfinite(losses.loss)).sum())
+    if diverged > max_diverged * len(losses):
+        raise Unauditable(f"{diverged} of {len(losses)} runs diverged (non-finite canary "
+                          f"loss); at most max_diverged={max_diverged:g} of them may")
+    if test is not None:
+        chance = float(np.bincount(np.asarray(test[1])).max() / len(test[1]))
+        if losses.test_acc.mean() <= chance:
+            raise Unauditable(
+                f"the models' mean test accuracy {losses.test_acc.mean():.4f} is at chance "
+                f"(always predicting the most frequent test class scores {chance:.4f}): "
+                "they learnt nothing, and an audit of them shows nothing")
     row = {"claimed_eps": claimed_eps, "delta": delta, "runs": runs, "val_runs": val_runs,
            "alpha": alpha, "canary": canary.kind, "canary_label": label, "seed": seed,
+           "total_runs": len(losses), "usable_runs": len(losses) - diverged,
+           "diverged_runs": diverged, "seed_check": seed_check,
            **audit_loss_table(losses, claimed_eps, delta, alpha)}
     if test is not None:
         row.update(accuracy_columns(losses.test_acc, OWN_RUNS))
@@ -386,6 +488,7 @@ def compare_retrained(losses: pd.DataFrame, retrained: pd.DataFrame) -> pd.DataF
 
 
 __all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "SPEC_KEYS", "GROUPS", "OWN_RUNS",
-           "run_seeds", "trainer_digest", "train_runs", "accuracy_columns", "mu_claimed", "audit_counts",
+           "SEED_CHECK", "CONTRACT", "Unauditable", "run_seeds", "trainer_digest", "train_runs",
+           "check_options", "check_seeds", "accuracy_columns", "mu_claimed", "audit_counts",
            "audit_losses", "audit_loss_table", "max_eps_lb", "min_runs",
            "audit_implementation", "reaudit", "compare_retrained"]
