@@ -109,7 +109,7 @@ ORDERS = ["x", 1, NAN, True, [], (), (_I,), (_I, _BY_K_ORDERS, _I), {0: _I, 1: _
 
 KIND = {
     "alpha": LEVEL, "beta": LEVEL, "max_fpr": LEVEL, "select_frac": LEVEL,
-    "select_alpha": LEVEL, "splits": SPLITS, "seed": SEED, "orders": ORDERS,
+    "select_alpha": LEVEL, "splits": SPLITS, "boots": SPLITS, "seed": SEED, "orders": ORDERS,
     "delta": DELTA, "mu": NONNEG, "eps": NONNEG,
     "ct": COUNT, "ct_pos": COUNT, "ct_neg": COUNT, "v": COUNT, "r": COUNT,
     "n": TOTAL, "n_pos": TOTAL, "n_neg": TOTAL, "m": TOTAL,
@@ -136,7 +136,8 @@ KIND = {
 }
 
 #: The kind of a parameter whose name means something else in one function.
-KIND_OF = {(f, "scores_pos"): SCORES_BY_K for f in ("eps_lb_paper_rule", "eps_lb_resplits")}
+KIND_OF = {(f, "scores_pos"): SCORES_BY_K
+           for f in ("eps_lb_paper_rule", "eps_lb_resplits", "paper_rule_bootstrap")}
 
 #: A valid value of each parameter name (functions whose arguments must agree override it).
 DEFAULT = {
@@ -149,13 +150,14 @@ DEFAULT = {
     "eval_pos": [1.5, 2.5, 3.5], "eval_neg": [0.2, 0.7, 2.0],
     "bound": bounds.eps_lb_clopper_pearson, "ties": "first", "scores": [3.0, 2.0, 1.0, 0.0],
     "included": [1, 0, 1, 0], "correct": [2, 4, 5, 7, 9], "ks": None,
-    "select_alpha": 0.05, "splits": 3, "seed": 0, "orders": None,
+    "select_alpha": 0.05, "splits": 3, "boots": 3, "seed": 0, "orders": None,
 }
 VALID = {
     "mu_lb_one_run_gdp": dict(r=10, v=9), "eps_lb_one_run_fdp": dict(r=10, v=9),
     "guess_counts": dict(k_max=2), "one_run_sweep": dict(m=20),
     "scores_array": dict(scores=[0.5, 1.0]),
     "eps_lb_paper_rule": dict(scores_pos=BY_K), "eps_lb_resplits": dict(scores_pos=BY_K),
+    "paper_rule_bootstrap": dict(scores_pos=BY_K),
 }
 #: Bad only in relation to the other (valid) arguments: still the named argument's fault.
 EXTRA = {
@@ -178,6 +180,7 @@ EXTRA = {
     ("split_trials", "select_frac"): [0.1],  # no selection trial of 4
     ("threshold_split_audit", "select_frac"): [0.1],
     ("eps_lb_paper_rule", "select_frac"): [0.1], ("eps_lb_resplits", "select_frac"): [0.1],
+    ("paper_rule_bootstrap", "select_frac"): [0.1],
 }
 #: Values of a kind that are valid for this function.
 ALLOWED = {

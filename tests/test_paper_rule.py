@@ -186,3 +186,29 @@ def test_resplits_are_seeded_and_validated():
         bounds.eps_lb_resplits(pos, neg, 0.0)
     with pytest.raises(ValueError, match="too few trials"):
         bounds.eps_lb_resplits({1: [0.0, 1.0]}, [0.0, 1.0], 0.01, select_frac=0.2)
+
+
+def test_bootstrap_spread_matches_independent_repetitions():
+    """The bootstrap standard deviation of the paper's procedure estimates its spread over
+    independent repetitions of the experiment: draw 300 fresh data sets of Gaussian scores
+    (shift 1.5, 200 trials per side, k = 1 and 2) and compare their standard deviation with
+    the bootstrap's from one of them."""
+    rng = np.random.default_rng(1)
+
+    def draw():
+        neg = rng.normal(0, 1, 200)
+        return {1: rng.normal(1.5, 1, 200), 2: rng.normal(1.5, 1, 200)}, neg
+
+    fresh = np.std([bounds.eps_lb_paper_rule(*draw()).value for _ in range(300)], ddof=1)
+    boot = [np.std(bounds.paper_rule_bootstrap(*draw(), boots=200, seed=s), ddof=1)
+            for s in range(3)]
+    assert 0.1 < fresh < 1.0
+    for b in boot:
+        assert 0.6 * fresh < b < 1.6 * fresh, (b, fresh)
+
+
+def test_bootstrap_is_seeded():
+    pos, neg = {1: np.arange(20.0) + 3}, np.arange(20.0)
+    a = bounds.paper_rule_bootstrap(pos, neg, boots=5, seed=3)
+    assert a.tolist() == bounds.paper_rule_bootstrap(pos, neg, boots=5, seed=3).tolist()
+    assert a.shape == (5,) and np.all(a >= 0)

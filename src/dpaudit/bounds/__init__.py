@@ -57,7 +57,8 @@ from .fdp import eps_lb_one_run_fdp, mu_lb_one_run_gdp
 from .gdp import delta_from_mu, eps_from_mu, eps_gdp_estimate, mu_lb_gdp
 from .one_run import (GUESS_GRID_SIZE, SWEEP_COLUMNS, eps_lb_hoeffding, eps_lb_one_run,
                       guess_counts, guess_grid, one_run_sweep)
-from .paper_rule import PAPER_ALPHA, PAPER_SELECT_ALPHA, PaperRuleAudit, eps_lb_paper_rule
+from .paper_rule import (PAPER_ALPHA, PAPER_BOOTSTRAPS, PAPER_SELECT_ALPHA, PaperRuleAudit,
+                         eps_lb_paper_rule, paper_rule_bootstrap)
 from .resplits import eps_lb_resplits
 from .roc import auc, tpr_at_fpr
 from .thresholds import (TIES, Bound, ThresholdAudit, split_trials, threshold_holdout_audit,
@@ -93,5 +94,7 @@ __all__ = [
     "PAPER_ALPHA",
     "PaperRuleAudit",
     "eps_lb_paper_rule",
+    "PAPER_BOOTSTRAPS",
+    "paper_rule_bootstrap",
     "eps_lb_resplits",
 ]

@@ -1,6 +1,8 @@
 """The reference code's Table 2 procedure of [JUO20] (``bkd_parser.py``), to compare with it.
 
-Each per-k value is a ``1 - alpha`` bound; their maximum over k is not.
+Each per-k value is a ``1 - alpha`` bound; their maximum over k is not. Its sampling
+spread (:func:`paper_rule_bootstrap`) says how far two independent runs of the same
+procedure, ours and the paper's, can be expected to differ.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numpy as np
 
 from ._checks import _check_level, _scores_by_k, scores_array
 from .counts import clopper_pearson
+from .resplits import _check_seed
 from .thresholds import split_trials
 
 
@@ -96,3 +99,30 @@ def eps_lb_paper_rule(scores_pos, scores_neg, select_frac: float = 0.5,
         thresholds[k], counts[k] = t, (ct_pos, len(ep), ct_neg, len(en))
     best = max(per_k, key=lambda k: (per_k[k], -k))  # the first k of the largest value
     return PaperRuleAudit(per_k[best], best, per_k, thresholds, counts)
+
+
+#: Bootstrap draws behind a Table 2 cell's sampling spread (``eps_lb_paper_rule_sd``).
+PAPER_BOOTSTRAPS = 200
+_MAX_BOOTSTRAPS = 100_000
+
+
+def paper_rule_bootstrap(scores_pos, scores_neg, select_frac: float = 0.5,
+                         boots: int = PAPER_BOOTSTRAPS, seed=0) -> np.ndarray:
+    """:func:`eps_lb_paper_rule` of ``boots`` bootstrap resamples of the trials: each side
+    (D0, and D1 for each k) drawn with replacement from its own trials, from ``seed``,
+    then split and audited as the original. Their standard deviation estimates how much
+    the value moves between independent repetitions of the whole experiment (new training
+    runs on both sides), so the difference of two independent runs, ours and the paper's,
+    has about ``sqrt(2)`` times it. A diagnostic of sampling noise, not a bound."""
+    pos = _scores_by_k(scores_pos)
+    neg = scores_array("scores_neg", scores_neg, 2)
+    if (isinstance(boots, bool) or not isinstance(boots, (int, np.integer))
+            or not 2 <= boots <= _MAX_BOOTSTRAPS):
+        raise ValueError(f"boots={boots!r}: must be a whole number from 2 to {_MAX_BOOTSTRAPS}")
+    rng = np.random.default_rng(_check_seed(seed))
+    out = np.empty(boots)
+    for b in range(boots):
+        resampled = {k: sp[rng.integers(0, len(sp), len(sp))] for k, sp in pos.items()}
+        out[b] = eps_lb_paper_rule(resampled, neg[rng.integers(0, len(neg), len(neg))],
+                                   select_frac).value
+    return out
