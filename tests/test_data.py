@@ -35,6 +35,7 @@ def _reference_subset(images, labels):
 def test_fmnist_from_debian_gz_matches_reference_subset(tmp_path):
     arrays = _fake_fmnist(np.random.default_rng(0))
     _write_debian(tmp_path / "deb", arrays)
+    (tmp_path / "root").mkdir()  # data.root must exist (a mistyped one is refused)
     X, y = data.load_fmnist(tmp_path / "root", debian_dir=tmp_path / "deb")
     ref_x, ref_y = _reference_subset(arrays["train-images-idx3-ubyte"],
                                      arrays["train-labels-idx1-ubyte"])
@@ -66,6 +67,7 @@ def test_fmnist_torchvision_root_relabel_and_test_split(tmp_path):
 
 
 def test_fmnist_missing_says_where_and_how(tmp_path):
+    (tmp_path / "root").mkdir()
     with pytest.raises(data.DataNotFound) as err:
         data.load_fmnist(tmp_path / "root", debian_dir=tmp_path / "deb")
     msg = str(err.value)
@@ -145,6 +147,8 @@ def test_cifar_missing_says_how_in_config_keys(tmp_path, monkeypatch):
         data.load_cifar100(tmp_path)
 
     class Offline:  # torchvision's CIFAR10 on a machine without internet
+        base_folder = "cifar-10-batches-py"
+
         def __init__(self, root, train, download):
             raise (OSError("<urlopen error [Errno -3] name resolution>") if download
                    else RuntimeError("Dataset not found or corrupted"))

@@ -32,17 +32,20 @@ stream); the test split is used whole.
 from __future__ import annotations
 
 import gzip
+import lzma
 import os
 import shutil
+import struct
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from .io import DataNotFound
+from .io import BadInputFile, DataNotFound, atomic_path
 
 def _datasets():
     """``torchvision.datasets``, imported on first use: importing torchvision takes about
@@ -71,6 +74,17 @@ class ImageData(NamedTuple):
 
 def _root(root: str | os.PathLike | None) -> Path:
     return Path(root).expanduser() if root is not None else DEFAULT_ROOT
+
+
+def _data_root(root: str | os.PathLike | None, download: bool) -> Path:
+    """:func:`_root`; a ``root`` that is not a folder, where nothing is to be downloaded
+    into it, is a mistyped ``data.root`` (refused before anything is written there)."""
+    path = _root(root)
+    if root is not None and not download and not path.is_dir():
+        raise DataNotFound(f"data.root = {root}: no such folder, and data.download is false. "
+                           "Correct data.root, or create the folder and put the data there "
+                           "(docs/data.md, section Offline).")
+    return path
 
 
 def subset_indices(n: int, frac: float, seed: int) -> tuple[np.ndarray, np.random.RandomState]:
@@ -116,18 +130,59 @@ def _fmnist_missing(root: Path, debian_dir: Path, download_error: Exception | No
     return DataNotFound(msg)
 
 
+#: Bytes per element of the IDX type codes (LeCun et al.'s MNIST database format).
+_IDX_ITEMSIZE = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
+_REFETCH = ("delete it, then let it be decompressed again (from the Debian package or the "
+            "other .gz copy) or downloaded again (data.download: true), or copy in a good one")
+
+
+def _idx_count(path: Path) -> int:
+    """The number of items of an IDX file, after checking that its header accounts for
+    every byte of it (torchvision would fail on a truncated file with a bare reshape
+    error); else :class:`BadInputFile`."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        ndim = head[3] if len(head) == 4 else 0
+        dims = fh.read(4 * ndim)
+    if (len(head) < 4 or head[:2] != b"\0\0" or head[2] not in _IDX_ITEMSIZE or ndim == 0
+            or len(dims) < 4 * ndim):
+        raise BadInputFile(path, f"not an IDX file (no IDX header): {_REFETCH}")
+    shape = struct.unpack(f">{ndim}I", dims)
+    want = 4 + 4 * ndim + int(np.prod(shape)) * _IDX_ITEMSIZE[head[2]]
+    if size != want:
+        raise BadInputFile(path, f"{'truncated' if size < want else 'altered'} IDX file: "
+                                 f"{size} bytes where its header, shape {list(shape)}, "
+                                 f"needs {want}: {_REFETCH}")
+    return shape[0]
+
+
+def _check_idx(raw: Path, train: bool) -> None:
+    """The images and labels of a split in ``raw`` are whole IDX files of as many items."""
+    split = "train" if train else "t10k"
+    paths = [raw / f"{split}-{kind}" for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")]
+    counts = [_idx_count(p) for p in paths]
+    if counts[0] != counts[1]:
+        raise BadInputFile(paths[1], f"{counts[1]} labels for the {counts[0]} images of "
+                                     f"{paths[0].name}: {_REFETCH}")
+
+
 def _decompress_idx_gz(gz_dir: Path, raw: Path) -> bool:
     """Decompress the four ``*.gz`` IDX files of ``gz_dir`` into torchvision's raw folder
-    (atomically); False if any is missing."""
+    (atomically, with the umask's file mode); False if any is missing."""
     srcs = [gz_dir / f"{name}.gz" for name in FMNIST_FILES]
     if not all(s.is_file() for s in srcs):
         return False
-    raw.mkdir(parents=True, exist_ok=True)
     for src, name in zip(srcs, FMNIST_FILES, strict=True):
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=raw)
-        with os.fdopen(fd, "wb") as out, gzip.open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out)
-        os.replace(tmp, raw / name)
+        try:
+            with atomic_path(raw / name) as tmp, open(tmp, "wb") as out, \
+                    gzip.open(src, "rb") as inp:
+                shutil.copyfileobj(inp, out)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise BadInputFile(src, f"truncated or corrupt gzip file ({exc}): replace it with "
+                                    "a good copy (for Debian's, `apt-get install --reinstall "
+                                    "dataset-fashion-mnist`), or delete it and let torchvision "
+                                    "download the data (data.download: true)") from None
     return True
 
 
@@ -135,7 +190,7 @@ def fmnist_raw(root: str | os.PathLike | None = None, train: bool = True, downlo
                debian_dir: str | os.PathLike = FMNIST_DEBIAN_DIR) -> tuple[np.ndarray, np.ndarray]:
     """All Fashion-MNIST images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 of a split,
     read by ``torchvision.datasets.FashionMNIST`` (sources in the module docstring)."""
-    root, debian_dir = _root(root), Path(debian_dir)
+    root, debian_dir = _data_root(root, download), Path(debian_dir)
     raw = root / "FashionMNIST" / "raw"
     have = all((raw / n).is_file() for n in FMNIST_FILES)
     for gz_dir in (raw, debian_dir):  # .gz copies (as downloaded, or Debian's): decompress
@@ -158,6 +213,7 @@ def _read_idx(dataset: str, root: Path, have: bool, train: bool, download: bool,
             download_error = err
     if not have:
         raise missing(download_error)
+    _check_idx(root / dataset / "raw", train)
     ds = getattr(_datasets(), dataset)(root, train=train, download=False)
     return ds.data.numpy(), ds.targets.numpy().astype(np.int64)
 
@@ -201,15 +257,35 @@ def ensure_extracted(tar: str | os.PathLike, dest: str | os.PathLike) -> Path:
                            "docs/data.md, section Offline).")
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".extract-", dir=dest) as tmp:
-        with tarfile.open(tar) as tf:
-            tf.extractall(tmp, filter="data")
+        try:
+            with tarfile.open(tar) as tf:
+                tf.extractall(tmp, filter="data")
+                _read_to_end(tf)
+        except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError) as exc:
+            # tarfile lists every compression it tried, one per line
+            why = ("no tar format, plain or compressed, fits" if
+                   str(exc).startswith("file could not be opened successfully") else exc)
+            raise BadInputFile(tar, f"not a readable tarball, or truncated or corrupt ({why}): "
+                                    "fetch data.cifar10_tarball again") from None
         for split in ("train", "test"):
             if not (Path(tmp) / split).is_dir():
-                raise DataNotFound(f"{tar} has no top-level '{split}/' folder")
+                raise BadInputFile(tar, f"no top-level '{split}/' folder: data.cifar10_tarball "
+                                        "must be an ImageFolder tarball (train/<class>/*, "
+                                        "test/<class>/*)")
         for split in ("train", "test"):
             if not (dest / split).is_dir():
                 os.replace(Path(tmp) / split, dest / split)
     return dest
+
+
+def _read_to_end(tf: tarfile.TarFile) -> None:
+    """Read what follows the archive's last member: only zero padding in a whole tarball.
+    tarfile takes a damaged member header for the end of the archive, and a compressed
+    stream's checksum is only checked at its end."""
+    tf.fileobj.seek(tf.offset)  # where the member headers end
+    while chunk := tf.fileobj.read(1 << 20):
+        if chunk.count(0) != len(chunk):
+            raise tarfile.ReadError("a damaged member header ends the archive early")
 
 
 def _cifar_missing(name: str, root: Path, download_error: Exception | None,
@@ -217,7 +293,7 @@ def _cifar_missing(name: str, root: Path, download_error: Exception | None,
     """What the user of the workflow can do, in its config keys (docs/data.md, Offline)."""
     folder = {"CIFAR-10": "cifar-10-batches-py", "CIFAR-100": "cifar-100-python"}[name]
     msg = (f"{name} not found. Looked for torchvision's {root / folder}/{extra} "
-           f"(data.root = {root}).")
+           f"(data.root = {root}{'' if root.is_dir() else ': no such folder'}).")
     tarball = ("data.cifar10_tarball: an ImageFolder tarball (train/<class>/*, test/<class>/*, "
                "e.g. cifar10-jpeg.tar.gz), unpacked into data.root once" if name == "CIFAR-10"
                else f"data.root or data.cifar100_root: a folder holding {folder}/")
@@ -240,6 +316,11 @@ def _torchvision_cifar(cls, root: Path, train: bool, download: bool):
     try:
         return cls(root, train=train, download=False), None
     except RuntimeError:  # torchvision: "Dataset not found or corrupted"
+        if (root / cls.base_folder).is_dir():
+            raise BadInputFile(root / cls.base_folder, "fails torchvision's md5 check (a file "
+                               "missing, truncated or altered): delete the folder, then let "
+                               "torchvision download it again (data.download: true) or copy "
+                               "in a good one") from None
         return None, None
 
 
@@ -267,9 +348,23 @@ def _imagefolder(split_dir: Path, classes: Sequence[int] | None, sample: int | N
     to_canonical = np.array([CIFAR10_CLASSES.index(c) for c in folder.classes])
     labels = to_canonical[np.array(folder.targets, dtype=np.int64)]
     keep = _sampled(labels, classes, sample, seed)
-    images = np.stack([np.asarray(folder.loader(folder.samples[i][0])).transpose(2, 0, 1)
-                       for i in keep]) if len(keep) else np.empty((0, 3, 32, 32), np.uint8)
+    images = np.stack([_image(folder, folder.samples[i][0]) for i in keep]) if len(keep) \
+        else np.empty((0, 3, 32, 32), np.uint8)
     return images, labels[keep]
+
+
+def _image(folder, path: str) -> np.ndarray:
+    """One 32x32 RGB image of an ImageFolder tree, ``(3, 32, 32)`` uint8; a file PIL cannot
+    decode, or of another size, raises :class:`BadInputFile`."""
+    again = ("delete data.root's train/ and test/ folders to unpack data.cifar10_tarball "
+             "again, or replace the file")
+    try:
+        image = np.asarray(folder.loader(path))
+    except (OSError, SyntaxError, ValueError) as exc:  # PIL: unidentified or damaged image
+        raise BadInputFile(path, f"not a readable image ({exc}): {again}") from None
+    if image.shape != (32, 32, 3):
+        raise BadInputFile(path, f"a {image.shape} image, not 32x32 RGB (CIFAR-10): {again}")
+    return image.transpose(2, 0, 1)
 
 
 def load_cifar10(root: str | os.PathLike | None = None, train: bool = True,
@@ -331,7 +426,7 @@ def mnist_raw(root: str | os.PathLike | None = None, train: bool = True,
     """All MNIST images ``(N, 28, 28)`` uint8 and labels ``(N,)`` int64 of a split, read by
     ``torchvision.datasets.MNIST`` from ``ROOT/MNIST/raw/`` (the IDX files, or their
     ``.gz`` copies, decompressed once), else downloaded by torchvision when ``download``."""
-    root = _root(root)
+    root = _data_root(root, download)
     raw = root / "MNIST" / "raw"
     have = all((raw / n).is_file() for n in FMNIST_FILES) or _decompress_idx_gz(raw, raw)
     return _read_idx("MNIST", root, have, train, download, lambda err: _mnist_missing(root, err))

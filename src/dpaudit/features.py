@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -30,7 +32,7 @@ from torch import nn
 
 from .device import deterministic, resolve
 from .data import DataNotFound, ImageData, load_cifar10, load_cifar100, to_float
-from .io import atomic_path
+from .io import BadInputFile, atomic_path, input_file, read_torch
 
 #: CIFAR-10 classes of the audited 2-class task: airplane (0) vs automobile (1).  The
 #: reference's CIFAR data script is not public; this mirrors its FMNIST choice
@@ -144,11 +146,16 @@ def save_extractor(path: str | os.PathLike, model: CifarCNN, provenance: dict[st
 
 
 def load_extractor(path: str | os.PathLike) -> tuple[CifarCNN, dict[str, Any]]:
-    """Inverse of :func:`save_extractor`: ``(model in eval mode, provenance)``."""
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = CifarCNN(blob["n_classes"])
-    model.load_state_dict(blob["state_dict"])
-    return model.eval(), blob["provenance"]
+    """Inverse of :func:`save_extractor`: ``(model in eval mode, provenance)``; any other
+    file raises :class:`dpaudit.io.BadInputFile`."""
+    kind = "a feature extractor saved by dpaudit (.pt)"
+    blob = read_torch(path, kind)
+    try:
+        model = CifarCNN(blob["n_classes"])
+        model.load_state_dict(blob["state_dict"])
+        return model.eval(), blob["provenance"]
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise BadInputFile(path, f"not {kind} ({type(exc).__name__}: {exc})") from None
 
 
 def save_features(path: str | os.PathLike, arrays: dict[str, np.ndarray],
@@ -160,8 +167,30 @@ def save_features(path: str | os.PathLike, arrays: dict[str, np.ndarray],
             np.savez(fh, **arrays, provenance=np.array(json.dumps(provenance, default=str)))
 
 
-def load_features(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Inverse of :func:`save_features`: ``(arrays, provenance)``."""
-    with np.load(path) as f:
-        arrays = {k: f[k] for k in f.files if k != "provenance"}
-        return arrays, json.loads(str(f["provenance"]))
+def load_features(path: str | os.PathLike,
+                  keys: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Inverse of :func:`save_features`: ``(arrays, provenance)``. A file that is not such
+    an ``.npz``, is truncated, or lacks any of the arrays ``keys`` raises
+    :class:`dpaudit.io.BadInputFile`."""
+    kind = "an .npz of arrays saved by dpaudit"
+    path = input_file(path, kind)
+    try:
+        f = np.load(path)
+    except ValueError:  # numpy's "pickled data" refusal: neither .npz nor .npy
+        raise BadInputFile(path, f"not {kind} (not a zip archive of arrays)") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise BadInputFile(path, f"not {kind}, or truncated ({exc})") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise BadInputFile(path, f"not {kind} (a single .npy array)")
+    with f:
+        if "provenance" not in f.files:
+            raise BadInputFile(path, f"not {kind} (no provenance)")
+        missing = [k for k in keys if k not in f.files]
+        if missing:
+            raise BadInputFile(path, f"lacks the arrays {missing} (holds {sorted(f.files)}): "
+                                     "not the file this step reads")
+        try:
+            arrays = {k: f[k] for k in f.files if k != "provenance"}
+            return arrays, json.loads(str(f["provenance"]))
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            raise BadInputFile(path, f"truncated or altered ({exc})") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import tempfile
 from contextlib import contextmanager
@@ -21,6 +22,15 @@ from typing import Any, Iterator
 import pandas as pd
 
 from . import __version__
+
+
+class BadInputFile(ValueError):
+    """An input file that is missing, empty, truncated, altered or of the wrong kind."""
+
+    def __init__(self, path, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: {reason}")
+
 
 _PREFIX = "# dpaudit-provenance: "
 
@@ -80,26 +90,78 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str,
             df.to_csv(fh, index=False)
 
 
+def input_file(path: str | os.PathLike, kind: str) -> Path:
+    """``path`` if it is a non-empty file, else :class:`BadInputFile` saying what it is not
+    (``kind``: what was expected there, for the message)."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInputFile(path, f"no such file (expected {kind})")
+    if not path.is_file():
+        raise BadInputFile(path, f"not a file (expected {kind})")
+    if path.stat().st_size == 0:
+        raise BadInputFile(path, f"empty file (expected {kind})")
+    return path
+
+
+_TABLE = "a dpaudit result table"
+
+
 def _header(fh, path) -> dict[str, Any]:
-    first = fh.readline()
+    try:
+        first = fh.readline()
+    except UnicodeDecodeError:
+        raise BadInputFile(path, f"not a text file (expected {_TABLE})") from None
     if not first.startswith(_PREFIX):
-        raise ValueError(f"{path}: not a dpaudit result table (no provenance header)")
-    return json.loads(first[len(_PREFIX):])
+        raise BadInputFile(path, f"not {_TABLE} (no provenance header)")
+    try:
+        meta = json.loads(first[len(_PREFIX):])
+    except json.JSONDecodeError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise BadInputFile(path, "provenance header is not a JSON object (altered or truncated)")
+    return meta
 
 
 def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Read a table written by :func:`write_table`; return ``(frame, provenance)``. Every
     float reads back bit for bit, whatever the pandas version, so a table written again
-    from what was read has the same bytes (kept blocks restored by a rerun)."""
-    with open(path) as fh:
+    from what was read has the same bytes (kept blocks restored by a rerun). A file that
+    is not such a table, or has no rows, raises :class:`BadInputFile`."""
+    with open(input_file(path, _TABLE)) as fh:
         meta = _header(fh, path)
-        return pd.read_csv(fh, **_exact_floats()), meta
+        try:
+            df = pd.read_csv(fh, **_exact_floats())
+        except pd.errors.EmptyDataError:
+            raise BadInputFile(path, "no table after the provenance header (truncated?)") from None
+        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+            raise BadInputFile(path, f"not a CSV table after the provenance header ({exc})") from None
+    if df.empty:
+        raise BadInputFile(path, "no rows under the column names (truncated?)")
+    return df, meta
 
 
 def read_provenance(path: str | os.PathLike) -> dict[str, Any]:
     """The provenance of a table written by :func:`write_table`, without reading its rows."""
-    with open(path) as fh:
+    with open(input_file(path, _TABLE)) as fh:
         return _header(fh, path)
+
+
+def read_torch(path: str | os.PathLike, kind: str, map_location="cpu") -> dict[str, Any]:
+    """The dict saved with ``torch.save`` at ``path`` (tensors and plain values only), else
+    :class:`BadInputFile` (``kind``: what was expected there, for the message)."""
+    import torch
+
+    path = input_file(path, kind)
+    try:
+        blob = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:  # torch's message is about trusting the file
+        raise BadInputFile(path, f"not {kind} (not a file of torch.save)") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        reason = (str(exc).strip() or type(exc).__name__).splitlines()[0].split(". ")[0]
+        raise BadInputFile(path, f"not {kind}, or truncated ({reason})") from None
+    if not isinstance(blob, dict):
+        raise BadInputFile(path, f"not {kind} (holds a {type(blob).__name__}, not a dict)")
+    return blob
 
 
 def write_text(text: str, path: str | os.PathLike) -> None:

@@ -16,7 +16,7 @@ import sys
 from .. import __version__
 from ..config import SpecError
 from ..device import DeviceUnavailable
-from ..io import DataNotFound
+from ..io import BadInputFile, DataNotFound
 
 #: Subcommand modules, in help order.
 COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
@@ -32,6 +32,23 @@ def spec_arg(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("--spec must be a JSON object")
     return value
+
+
+def int_at_least(low: int):
+    """argparse type: an integer >= ``low`` (argparse names the argument when it fails)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= {low}")
+        return value
+    return parse
+
+
+#: argparse type of ``--seed``: seeds are integers >= 0 (:mod:`dpaudit.seeds`).
+seed_arg = int_at_least(0)
 
 
 def say(command: str):
@@ -55,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except SpecError as exc:
         print(f"dpaudit {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    except BadInputFile as exc:
+        print(f"dpaudit {args.command}: bad input file {exc}", file=sys.stderr)
         return 2
     except (DataNotFound, DeviceUnavailable) as exc:
         print(f"dpaudit {args.command}: {exc}", file=sys.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES
-from . import say, spec_arg
+from . import say, seed_arg, spec_arg
 
 from ..experiments.abadi import FEATURE_KEYS, SHARED_KEYS
 
@@ -72,7 +72,7 @@ def _train(args) -> None:
             raise SpecError("abadi-train --figure fig6 needs --features (from abadi-features)")
         from ..features import load_features
 
-        arrays, feat = load_features(args.features)
+        arrays, feat = load_features(args.features, ("X", "y", "X_test", "y_test"))
         rows, info = abadi.fig6_level(spec, level, arrays, feat["pretrained_on"], args.seed,
                                       device, log)
         prov["features"] = {k: feat[k] for k in ("pretrained_on", "public_images",
@@ -116,7 +116,7 @@ def register(subparsers) -> None:
                    help="the abadi.fig6 keys the features depend on (JSON), with delta and "
                         "accountant")
     p.add_argument("--data", type=spec_arg, required=True, help="the data config section")
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seed", type=seed_arg, required=True)
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--out", type=Path, required=True, help="features .npz")
     p.set_defaults(func=_features)
@@ -132,7 +132,7 @@ def register(subparsers) -> None:
                    help="one entry of abadi.<figure>.levels (JSON)")
     p.add_argument("--data", type=spec_arg, help="the data config section (fig3)")
     p.add_argument("--features", type=Path, help="features .npz of abadi-features (fig6)")
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seed", type=seed_arg, required=True)
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--out", type=Path, required=True, help="the level's CSV")
     p.set_defaults(func=_train)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..config import validate_section
-from . import spec_arg
+from . import seed_arg, spec_arg
 
 FIGURES = ("abadi", "composition")
 
@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     p.add_argument("--figure", choices=FIGURES, required=True)
     p.add_argument("--spec", type=spec_arg, required=True,
                    help="the accounting.<figure> config section")
-    p.add_argument("--seed", type=int, required=True, help="recorded only (no randomness)")
+    p.add_argument("--seed", type=seed_arg, required=True, help="recorded only (no randomness)")
     p.add_argument("--out", type=Path, required=True, help="result CSV")
     p.set_defaults(func=_curves)
 

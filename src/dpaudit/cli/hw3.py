@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config import validate_section
-from . import spec_arg
+from . import int_at_least, seed_arg, spec_arg
 
 GRIDS = ("eps", "m", "d")
 
@@ -35,9 +35,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("hw3-audit", help="one-run audits of the Gaussian sum mechanism")
     p.add_argument("--grid", choices=GRIDS, required=True, help="which sweep (HW3 Q2.1-2.3)")
     p.add_argument("--spec", type=spec_arg, required=True, help="the hw3 config section")
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seed", type=seed_arg, required=True)
     p.add_argument("--out", type=Path, required=True, help="result CSV")
-    p.add_argument("--threads", type=int, default=1, help="threads drawing canaries")
+    p.add_argument("--threads", type=int_at_least(1), default=1, help="threads drawing canaries")
     p.set_defaults(func=_audit)
 
     p = subparsers.add_parser("hw3-plot", help="plot eps lower bounds of a hw3 grid")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
-from . import say, spec_arg
+from . import int_at_least, say, seed_arg, spec_arg
 
 from ..experiments.jagielski import AUDIT_KEYS, MADE_WITH_KEYS, PAPER_TOL, TASK_KEYS, TRAIN_KEYS
 
@@ -74,7 +74,7 @@ def _task(args) -> None:
 def _init(args) -> None:
     from .. import dpsgd, features
 
-    arrays, _ = features.load_features(args.task)
+    arrays, _ = features.load_features(args.task, ["X"])
     model = dpsgd.ModelSpec(args.arch, arrays["X"].shape[1], args.hidden)
     # On the CPU: init draws differ across devices, and the shared "fixed" init must not
     # depend on the machine that happened to draw it.
@@ -111,10 +111,8 @@ def _train(args) -> None:
     if unknown:
         raise SpecError(f"--cells: eps labels {unknown} are not keys of the spec's noise "
                         f"(allowed: {sorted(spec['noise'])})")
-    if args.block_trials < 1:
-        raise SpecError(f"--block-trials={args.block_trials}: must be >= 1")
     log = say("jagielski-train")
-    arrays, task_prov = features.load_features(args.task)
+    arrays, task_prov = features.load_features(args.task, jagielski.TASK_ARRAYS)
     task = jagielski.Task.from_arrays(arrays)
     model = dpsgd.ModelSpec(args.arch, task.X.shape[1], spec["hidden"])
     init = init_sha = None
@@ -263,7 +261,7 @@ def _plot(args) -> None:
 def register(subparsers) -> None:
     def common(p, spec_help="the jagielski config section"):
         p.add_argument("--spec", type=spec_arg, required=True, help=spec_help)
-        p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+        p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
 
     p = subparsers.add_parser("jagielski-task", help="prepare an audit task (data, canaries)")
     p.add_argument("--dataset", choices=["fmnist", "cifar"], required=True)
@@ -278,8 +276,8 @@ def register(subparsers) -> None:
     p.add_argument("--dataset", choices=["fmnist", "cifar"], required=True)
     p.add_argument("--arch", choices=["lr", "fnn"], required=True)
     p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
-    p.add_argument("--hidden", type=int, default=32, help="hidden width of fnn")
-    p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+    p.add_argument("--hidden", type=int_at_least(1), default=32, help="hidden width of fnn")
+    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--out", type=Path, required=True, help="weights (.pt)")
     p.set_defaults(func=_init)
 
@@ -295,7 +293,7 @@ def register(subparsers) -> None:
     p.add_argument("--init-file", type=Path, default=None,
                    help="weights from jagielski-init (for the 'fixed' cells)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
-    p.add_argument("--block-trials", type=int, default=100, metavar="N",
+    p.add_argument("--block-trials", type=int_at_least(1), default=100, metavar="N",
                    help="trials per side trained (and kept) together: an interrupted job "
                         "loses at most one block")
     p.add_argument("--store", type=Path, default=None, metavar="DIR",
@@ -303,7 +301,7 @@ def register(subparsers) -> None:
                         "cells when DIR holds them from the same spec, seed, task, init, "
                         "device kind and trainer code (the workflow's reruns train only "
                         "missing blocks and cells)")
-    p.add_argument("--save-models", type=int, default=0, metavar="N",
+    p.add_argument("--save-models", type=int_at_least(0), default=0, metavar="N",
                    help="also save the weights of the first N models of each side and cell, "
                         "beside each cell table as <cell>_models_<side>.pt "
                         "(dpsgd.load_params reads them); then nothing is reused or kept")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
-from . import spec_arg
+from . import seed_arg, spec_arg
 
 #: Keys of ``--train``: the DP-SGD set-up of the FMNIST cells of Jagielski et al.'s Figure 2.
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "hidden", "noise", "clip")
@@ -29,7 +29,7 @@ def _train_schema() -> dict:
 def _audit(args) -> None:
     from .. import features
     from ..experiments import onerun
-    from ..experiments.jagielski import Task
+    from ..experiments.jagielski import TASK_ARRAYS, Task
     from ..io import write_table
 
     spec = validate_section(args.spec, "onerun", schema_node=subset_schema(AUDIT_KEYS, "onerun"))
@@ -38,7 +38,7 @@ def _audit(args) -> None:
     if missing:
         raise SpecError(f"onerun.eps: {missing} are not keys of jagielski.datasets.fmnist.noise "
                         f"(allowed: {sorted(train['noise'])})")
-    arrays, task_prov = features.load_features(args.task)
+    arrays, task_prov = features.load_features(args.task, TASK_ARRAYS)
     task = Task.from_arrays(arrays)
     if "dirac" in spec["canaries"]:  # fail before training, naming the key
         from .. import dpsgd
@@ -76,7 +76,7 @@ def register(subparsers) -> None:
                    help=f"the onerun config section's keys {', '.join(AUDIT_KEYS)}")
     p.add_argument("--train", type=spec_arg, required=True,
                    help=f"DP-SGD set-up, JSON with keys {', '.join(TRAIN_KEYS)}")
-    p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
     p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
     p.set_defaults(func=_audit)

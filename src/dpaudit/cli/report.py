@@ -24,9 +24,17 @@ def md_page(text: str, title: str) -> str:
 
 
 def _md_html(args) -> None:
-    from ..io import write_text
+    from ..io import BadInputFile, input_file, write_text
 
-    write_text(md_page(args.md.read_text(), args.md.stem), args.out)
+    kind = "a Markdown table"
+    try:
+        text = input_file(args.md, kind).read_text()
+    except UnicodeDecodeError:
+        raise BadInputFile(args.md, f"not a text file (expected {kind})") from None
+    page = md_page(text, args.md.stem)
+    if "<table>" not in page:  # an empty page would pass for the report's table
+        raise BadInputFile(args.md, f"no pipe table in it (expected {kind})")
+    write_text(page, args.out)
 
 
 def register(subparsers) -> None:

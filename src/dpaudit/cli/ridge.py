@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config import SpecError, validate_section
-from . import spec_arg
+from . import seed_arg, spec_arg
 
 def _check(spec: dict) -> dict:
     """The schema's checks, and the one that relates two keys."""
@@ -38,7 +38,7 @@ def _plot(args) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser("ridge-audit", help="one-run audits of private ridge regression")
     p.add_argument("--spec", type=spec_arg, required=True, help="the ridge config section")
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seed", type=seed_arg, required=True)
     p.add_argument("--out", type=Path, required=True, help="result CSV")
     p.set_defaults(func=_audit)
 

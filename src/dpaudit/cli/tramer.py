@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import SpecError, subset_schema, validate_section
 from ..device import DEVICES
-from . import spec_arg
+from . import seed_arg, spec_arg
 
 #: Leading columns of the audit table, in a fixed order; more follow.
 COLUMNS = ["implementation", "claimed_eps", "delta", "runs", "tpr", "fpr", "threshold",
@@ -306,7 +306,7 @@ def register(subparsers) -> None:
     p.add_argument("--download", action="store_true",
                    help="let torchvision download Fashion-MNIST if no local copy is found")
     p.add_argument("--batch-runs", type=int, default=1000, help="runs per training call")
-    p.add_argument("--seed", type=int, required=True, help="master seed of the runs")
+    p.add_argument("--seed", type=seed_arg, required=True, help="master seed of the runs")
     p.add_argument("--out", type=Path, required=True, help="audit table CSV")
     p.add_argument("--losses", type=Path, default=None,
                    help="per-run canary losses CSV (default: OUT with suffix _losses)")
@@ -331,7 +331,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where the registry subjects train (tramer.device), unless the "
                         "target's spec names a device")
-    p.add_argument("--seed", type=int, required=True, help="master seed of the runs")
+    p.add_argument("--seed", type=seed_arg, required=True, help="master seed of the runs")
     p.add_argument("--out", type=Path, required=True, help="audit table CSV")
     p.add_argument("--losses", type=Path, required=True, help="per-run canary losses CSV")
     p.add_argument("--store", type=Path, default=None, help=STORE_HELP)

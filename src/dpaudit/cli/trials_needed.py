@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..config import SpecError, subset_schema, validate_section
 from ..experiments.jagielski import AUDIT_KEYS
-from . import say, spec_arg
+from . import say, seed_arg, spec_arg
 
 
 def _run(args) -> None:
@@ -51,7 +51,7 @@ def register(subparsers) -> None:
     p.add_argument("--spec", type=spec_arg, required=True, help="the trials_needed config section")
     p.add_argument("--audit", type=spec_arg, required=True,
                    help=f"JSON object with the jagielski keys {', '.join(AUDIT_KEYS)}")
-    p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--out", type=Path, required=True, help="one row per subsample (CSV)")
     p.add_argument("--summary", type=Path, required=True,
                    help="trials needed per cell and method (CSV)")

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..device import resolve
-from ..io import atomic_path
+from ..io import BadInputFile, atomic_path, read_torch
 
 ARCHS = ("lr", "fnn")
 SAMPLINGS = ("shuffle", "poisson")
@@ -272,9 +272,14 @@ def save_params(path, params: Params, model: ModelSpec) -> None:
 
 
 def load_params(path, device=None) -> tuple[Params, ModelSpec]:
-    """Load what :func:`save_params` saved: ``(params, model)`` (params on ``device`` or CPU)."""
-    blob = torch.load(path, map_location=device or "cpu", weights_only=True)
-    model = ModelSpec(**blob["model"])
-    params = Params(blob["W"], blob["b"])
-    params.check(model)
+    """Load what :func:`save_params` saved: ``(params, model)`` (params on ``device`` or CPU);
+    any other file raises :class:`dpaudit.io.BadInputFile`."""
+    kind = "model weights saved by dpaudit (.pt)"
+    blob = read_torch(path, kind, device or "cpu")
+    try:
+        model = ModelSpec(**blob["model"])
+        params = Params(blob["W"], blob["b"])
+        params.check(model)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise BadInputFile(path, f"not {kind} ({type(exc).__name__}: {exc})") from None
     return params, model
