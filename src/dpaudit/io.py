@@ -22,6 +22,15 @@ import pandas as pd
 
 from . import __version__
 
+
+class BadInputFile(ValueError):
+    """An input file that is missing, empty, truncated, altered or of the wrong kind."""
+
+    def __init__(self, path, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: {reason}")
+
+
 _PREFIX = "# dpaudit-provenance: "
 
 
@@ -71,35 +80,61 @@ def as_recorded(value: Any) -> Any:
     return json.loads(_provenance_json(value))
 
 
+#: Provenance entry of :func:`write_table`: SHA-256 of the table's body (the CSV after its
+#: header line), which :func:`read_table` checks, so an altered or truncated table is refused.
+BODY_SHA256 = "body_sha256"
+
+
 def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> None:
-    """Write ``df`` as CSV at ``path`` atomically, with ``provenance`` as a JSON header line."""
-    meta = {"dpaudit_version": __version__, **provenance}
+    """Write ``df`` as CSV at ``path`` atomically, with ``provenance`` and the SHA-256 of the
+    rows (:data:`BODY_SHA256`) as a JSON header line."""
+    body = df.to_csv(index=False).encode()
+    meta = {"dpaudit_version": __version__, **provenance,
+            BODY_SHA256: hashlib.sha256(body).hexdigest()}
     with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="") as fh:
-            fh.write(_PREFIX + _provenance_json(meta) + "\n")
-            df.to_csv(fh, index=False)
+        with open(tmp, "wb") as fh:
+            fh.write((_PREFIX + _provenance_json(meta) + "\n").encode())
+            fh.write(body)
 
 
-def _header(fh, path) -> dict[str, Any]:
-    first = fh.readline()
-    if not first.startswith(_PREFIX):
-        raise ValueError(f"{path}: not a dpaudit result table (no provenance header)")
-    return json.loads(first[len(_PREFIX):])
+def _header(line: str, path) -> dict[str, Any]:
+    if not line.startswith(_PREFIX):
+        raise BadInputFile(path, "not a dpaudit result table (no provenance header)")
+    try:
+        return json.loads(line[len(_PREFIX):])
+    except ValueError as exc:
+        raise BadInputFile(path, f"unreadable provenance header ({exc})") from None
 
 
-def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
+def read_table(path: str | os.PathLike,
+               require_hash: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Read a table written by :func:`write_table`; return ``(frame, provenance)``. Every
     float reads back bit for bit, whatever the pandas version, so a table written again
-    from what was read has the same bytes (kept blocks restored by a rerun)."""
-    with open(path) as fh:
-        meta = _header(fh, path)
-        return pd.read_csv(fh, **_exact_floats()), meta
+    from what was read has the same bytes (kept blocks restored by a rerun).
+
+    :class:`BadInputFile` if the rows do not have the SHA-256 the header records (the file
+    was altered or truncated after it was written), if ``require_hash`` and the header
+    records none (a table from an older version), or if the rows do not parse."""
+    from io import BytesIO  # the standard library's
+
+    head, _, body = Path(path).read_bytes().partition(b"\n")
+    meta = _header(head.decode(errors="replace"), path)
+    recorded = meta.get(BODY_SHA256)
+    if recorded is None and require_hash:
+        raise BadInputFile(path, "no content hash recorded (written by an older version)")
+    if recorded is not None and hashlib.sha256(body).hexdigest() != recorded:
+        raise BadInputFile(path, "its rows do not match the content hash recorded when it "
+                                 "was written (altered or truncated since)")
+    try:
+        return pd.read_csv(BytesIO(body), **_exact_floats()), meta
+    except (ValueError, UnicodeDecodeError) as exc:  # pandas' parser and empty-data errors
+        raise BadInputFile(path, f"unreadable rows ({exc})") from None
 
 
 def read_provenance(path: str | os.PathLike) -> dict[str, Any]:
     """The provenance of a table written by :func:`write_table`, without reading its rows."""
     with open(path) as fh:
-        return _header(fh, path)
+        return _header(fh.readline(), path)
 
 
 def write_text(text: str, path: str | os.PathLike) -> None:

@@ -38,11 +38,12 @@ Modules: :mod:`.tasks` (the data tasks), :mod:`.grid` (cells, config keys, paths
 from __future__ import annotations
 
 from .audit import (COLUMNS, PAPER_STATISTIC, RESPLITS, ROC_LEVELS, SPLIT_PERCENTILES,
-                    audit_scores, summarize_cell, theoretical_eps)
+                    audit_scores, read_result_table, read_scores, summarize_cell,
+                    theoretical_eps)
 from .grid import (ATTACKS, AUDIT_KEYS, DATASETS, MADE_WITH_KEYS, STATISTICS, TASK_KEYS,
                    TRAIN_KEYS, TRAINED_DIR, cell_file, cell_path, check_grid, grid_cells,
-                   grid_models, group_dir, group_dirs, groups, init_label, table_spec,
-                   train_spec)
+                   grid_models, group_dir, group_dirs, groups, init_label, score_columns,
+                   side_names, table_spec, train_spec)
 from .paper import (PAPER_CLIPS, PAPER_COLUMN, PAPER_TABLE2, PAPER_TOL, TABLE2_COLUMNS,
                     TABLE2_NOTES, eps_label, init_name, init_order, paper_agreement,
                     paper_table2, table2_markdown, with_paper_table2)
@@ -59,4 +60,5 @@ __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDI
            "train_spec", "TABLE2_NOTES", "theoretical_eps", "PAPER_TABLE2", "PAPER_CLIPS",
            "paper_table2", "with_paper_table2", "PAPER_TOL", "TABLE2_COLUMNS", "PAPER_COLUMN",
            "PAPER_STATISTIC", "RESPLITS", "SPLIT_PERCENTILES", "eps_label", "init_order",
-           "paper_agreement", "table2_markdown"]
+           "paper_agreement", "table2_markdown", "side_names", "score_columns", "read_scores",
+           "read_result_table"]

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ... import bounds
-from .grid import STATISTICS
+from .grid import STATISTICS, score_columns, side_names
 
 if TYPE_CHECKING:
     from ... import dpsgd
@@ -191,3 +191,53 @@ def theoretical_eps(noise: float, n: int, cfg: dpsgd.DPSGDConfig, delta: float) 
     from ... import accounting  # dp_accounting takes ~1 s to import: only where needed
 
     return accounting.dpsgd_epsilons(noise, cfg.batch_size / n, cfg.steps(n), delta)
+
+
+def read_scores(path) -> tuple[pd.DataFrame, dict]:
+    """A cell's score table (``jagielski-train``) and its provenance, checked before any
+    bound reads it: the content hash where one is recorded (:func:`dpaudit.io.read_table`),
+    and for every side of its attack and ``ks``, the ``trials`` its provenance records,
+    trials 0 to T - 1, each with a finite score and test accuracy. BadInputFile naming
+    the file otherwise."""
+    from ...io import BadInputFile, read_table
+
+    scores, prov = read_table(path)
+    cell, spec = prov.get("cell"), prov.get("spec")
+    if not (isinstance(cell, dict) and isinstance(spec, dict)
+            and {"trials", "ks"} <= set(spec) and cell.get("attack") in STATISTICS):
+        raise BadInputFile(path, "not a score table of jagielski-train (no cell and spec "
+                                 "in its provenance)")
+    want, trials = side_names(cell["attack"], spec["ks"]), int(spec["trials"])
+    columns = ["side", "trial", *score_columns(cell["attack"])]
+    missing = [c for c in columns if c not in scores]
+    if missing:
+        raise BadInputFile(path, f"no column {', '.join(missing)}")
+    for side in want:
+        got = scores.trial[scores.side == side]
+        if sorted(got) != list(range(trials)):
+            raise BadInputFile(path, f"side {side}: {len(got)} rows, but its provenance "
+                                     f"records {trials} trials per side (0 to {trials - 1})")
+    if len(scores) != len(want) * trials:
+        raise BadInputFile(path, f"rows of sides {sorted(set(scores.side) - set(want))}, "
+                                 f"which its provenance does not record")
+    values = scores[columns[2:]]
+    if not all(pd.api.types.is_numeric_dtype(d) for d in values.dtypes) \
+            or not np.isfinite(values.to_numpy(np.float64)).all():
+        raise BadInputFile(path, "a score or test accuracy is not a finite number")
+    return scores, prov
+
+
+def read_result_table(path) -> pd.DataFrame:
+    """A Figure 2 or Table 2 table (``jagielski-audit``), checked before it is shown: the
+    content hash where one is recorded (:func:`dpaudit.io.read_table`), and the trials of
+    every row as its provenance's spec records them. BadInputFile naming the file
+    otherwise."""
+    from ...io import BadInputFile, read_table
+
+    table, prov = read_table(path)
+    spec = prov.get("spec")
+    trials = spec.get("trials") if isinstance(spec, dict) else None
+    if trials is not None and "trials" in table and not (table.trials == trials).all():
+        raise BadInputFile(path, f"rows of trials {sorted(set(table.trials))}, but its "
+                                 f"provenance records {trials}")
+    return table

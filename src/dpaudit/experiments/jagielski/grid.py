@@ -118,6 +118,18 @@ def groups(cells) -> dict[tuple[str, str, str], list[tuple]]:
 def grid_models(jag: dict, onerun: dict | None = None) -> dict[str, int]:
     """Models each grid of :func:`grid_cells` trains: ``trials`` per side, sides = D0 and
     one D1 per k (MI: D0 and D1)."""
-    per_cell = lambda cell: jag["trials"] * (2 if cell[5] == "mi" else 1 + len(jag["ks"]))  # noqa: E731
+    per_cell = lambda cell: jag["trials"] * len(side_names(cell[5], jag["ks"]))  # noqa: E731
     return {name: sum(map(per_cell, cells))
             for name, cells in grid_cells(jag, onerun).items() if name != "onerun"}
+
+
+def side_names(attack: str, ks) -> list[str]:
+    """The sides of ``attack`` (training's :func:`sides`), D0 first: ``out``, then ``in``
+    (MI) or ``k<k>`` for each k."""
+    return ["out", "in"] if attack == "mi" else ["out", *(f"k{k}" for k in ks)]
+
+
+def score_columns(attack: str) -> tuple[str, ...]:
+    """The columns training's :func:`score_models` gives each model of ``attack``: its
+    :data:`STATISTICS`, ``mi_yeom`` (MI) and ``test_acc``."""
+    return (*STATISTICS[attack], *(("mi_yeom",) if attack == "mi" else ()), "test_acc")

@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from ... import canaries, dpsgd, seeds
-from .grid import ATTACKS, STATISTICS
+from .grid import ATTACKS, STATISTICS, score_columns
 from .tasks import Task
 
 
@@ -91,20 +91,56 @@ def _block_rows(side: str, start: int, seeds_: list[int], cell: str, stats: dict
                          "seed": seeds_, **{k: np.asarray(v, np.float64) for k, v in stats.items()}})
 
 
-def _kept(path, key: dict, cells: dict) -> pd.DataFrame:
-    """The rows of a kept block whose shared ``key`` and own cell key match (JSON
-    comparison), for every cell it holds, of ``cells`` or not; empty if none."""
-    from ...io import as_recorded, read_table
+def _kept(path: Path, key: dict, cells: dict, side: str, start: int, seeds_: list[int],
+          attack: str, say: Callable[[str], None]) -> pd.DataFrame:
+    """The rows of the kept block at ``path`` whose shared ``key`` and own cell key match
+    (JSON comparison), for every cell it holds, of ``cells`` or not; empty if none. A block
+    of the same key is restored only whole and intact (:func:`_check_block`); otherwise
+    ``say`` names it and why, and it is trained again."""
+    from ...io import BadInputFile, as_recorded, read_provenance, read_table
 
+    if not path.exists():
+        return pd.DataFrame()
     try:
-        table, prov = read_table(path)
-    except (OSError, ValueError):
+        if read_provenance(path).get("key") != as_recorded(key):
+            return pd.DataFrame()  # trained with another spec, seed, task, device or trainer
+        table, prov = read_table(path, require_hash=True)
+        _check_block(path, table, prov, side, start, seeds_, attack)
+    except (OSError, UnicodeDecodeError, BadInputFile) as exc:
+        say(f"kept block {path}: {getattr(exc, 'reason', exc)}; training it again")
         return pd.DataFrame()
-    if prov.get("key") != as_recorded(key):
-        return pd.DataFrame()
-    held = prov.get("cells", {})
+    held = prov["cells"]
     ok = [c for c, ck in held.items() if c not in cells or ck == as_recorded(cells[c])]
     return table[table.cell.isin(ok)].assign(_key=lambda t: t.cell.map(held))
+
+
+def _check_block(path: Path, table: pd.DataFrame, prov: dict, side: str, start: int,
+                 seeds_: list[int], attack: str) -> None:
+    """BadInputFile unless the kept block holds, for each cell its provenance records,
+    the rows :func:`run_group` writes: this side's trials ``start`` onwards with their
+    seeds ``seeds_``, and a finite number in every score column."""
+    from ...io import BadInputFile
+
+    stop = start + len(seeds_)
+    if prov.get("side") != side or prov.get("trials") != [start, stop]:
+        raise BadInputFile(path, f"records side {prov.get('side')!r}, trials "
+                                 f"{prov.get('trials')}, not {side!r}, [{start}, {stop}]")
+    columns = ["cell", "side", "trial", "seed", *score_columns(attack)]
+    if list(table.columns) != columns:
+        raise BadInputFile(path, f"columns {list(table.columns)}, not {columns}")
+    held = prov.get("cells")
+    if not isinstance(held, dict) or set(table.cell) != set(held):
+        raise BadInputFile(path, f"rows of cells {sorted(set(table.cell), key=str)}, but its "
+                                 f"provenance records {sorted(held or [])}")
+    for cell, rows in table.groupby("cell", sort=False):
+        if (list(rows.trial) != list(range(start, stop)) or list(rows.seed) != list(seeds_)
+                or (rows.side != side).any()):
+            raise BadInputFile(path, f"cell {cell}: {len(rows)} rows, not trials {start} to "
+                                     f"{stop - 1} of side {side} with their seeds")
+    scores = table[columns[4:]]
+    if not all(pd.api.types.is_float_dtype(d) for d in scores.dtypes) \
+            or not np.isfinite(scores.to_numpy()).all():
+        raise BadInputFile(path, "a score or test accuracy is not a finite number")
 
 
 class _Block(NamedTuple):
@@ -181,7 +217,8 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
             stop = min(start + block, trials)
             path = None if store is None else Path(store) / f"{side}_{start:06d}-{stop:06d}.csv"
             kept = pd.DataFrame() if path is None or on_trained is not None \
-                else _kept(path, key or {}, cell_keys)
+                else _kept(path, key or {}, cell_keys, side, start, side_seeds[start:stop],
+                           attack, say)
             todo = [c for c in cells if kept.empty or c not in set(kept.cell)]
             plan.append(_Block(side, label, k, X, y, side_seeds[start:stop], start, path, kept,
                                todo))
