@@ -137,7 +137,8 @@ def test_cli_writes_tables_markdown_and_figure(tmp_path):
     for eps, shift in (("inf", 3.0), ("4", 0.5)):
         path = tmp_path / f"cell_{eps}.csv"
         write_table(score_table(12, shift, seed=len(paths)), path,
-                    {"command": "jagielski-train", "cell": {**CELL, "eps": eps}, "seed": 0})
+                    {"command": "jagielski-train", "cell": {**CELL, "eps": eps}, "seed": 0,
+                     "spec": {"trials": 12, "ks": [1, 4]}})
         paths.append(str(path))
     spec = {"dataset": "fmnist", "arch": "fnn", "clip": 1.0, "init": "fixed",
             "attack": "clipbkd", "eps": ["inf", "4"], "n_min": 6, "n_points": 2,

@@ -81,13 +81,21 @@ def as_recorded(value: Any) -> Any:
     return json.loads(_provenance_json(value))
 
 
+#: Provenance entry of :func:`write_table`: SHA-256 of the table's body (the CSV after its
+#: header line), which :func:`read_table` checks, so an altered or truncated table is refused.
+BODY_SHA256 = "body_sha256"
+
+
 def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> None:
-    """Write ``df`` as CSV at ``path`` atomically, with ``provenance`` as a JSON header line."""
-    meta = {"dpaudit_version": __version__, **provenance}
+    """Write ``df`` as CSV at ``path`` atomically, with ``provenance`` and the SHA-256 of the
+    rows (:data:`BODY_SHA256`) as a JSON header line."""
+    body = df.to_csv(index=False).encode()
+    meta = {"dpaudit_version": __version__, **provenance,
+            BODY_SHA256: hashlib.sha256(body).hexdigest()}
     with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="") as fh:
-            fh.write(_PREFIX + _provenance_json(meta) + "\n")
-            df.to_csv(fh, index=False)
+        with open(tmp, "wb") as fh:
+            fh.write((_PREFIX + _provenance_json(meta) + "\n").encode())
+            fh.write(body)
 
 
 def input_file(path: str | os.PathLike, kind: str) -> Path:
@@ -106,9 +114,9 @@ def input_file(path: str | os.PathLike, kind: str) -> Path:
 _TABLE = "a dpaudit result table"
 
 
-def _header(fh, path) -> dict[str, Any]:
+def _header(line: bytes, path) -> dict[str, Any]:
     try:
-        first = fh.readline()
+        first = line.decode()
     except UnicodeDecodeError:
         raise BadInputFile(path, f"not a text file (expected {_TABLE})") from None
     if not first.startswith(_PREFIX):
@@ -122,19 +130,32 @@ def _header(fh, path) -> dict[str, Any]:
     return meta
 
 
-def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
+def read_table(path: str | os.PathLike,
+               require_hash: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Read a table written by :func:`write_table`; return ``(frame, provenance)``. Every
     float reads back bit for bit, whatever the pandas version, so a table written again
-    from what was read has the same bytes (kept blocks restored by a rerun). A file that
-    is not such a table, or has no rows, raises :class:`BadInputFile`."""
-    with open(input_file(path, _TABLE)) as fh:
-        meta = _header(fh, path)
-        try:
-            df = pd.read_csv(fh, **_exact_floats())
-        except pd.errors.EmptyDataError:
-            raise BadInputFile(path, "no table after the provenance header (truncated?)") from None
-        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-            raise BadInputFile(path, f"not a CSV table after the provenance header ({exc})") from None
+    from what was read has the same bytes (kept blocks restored by a rerun).
+
+    :class:`BadInputFile` if the file is not such a table or has no rows, if the rows do
+    not have the SHA-256 the header records (the file was altered or truncated after it
+    was written), or if ``require_hash`` and the header records none (a table from an
+    older version)."""
+    from io import BytesIO  # the standard library's
+
+    head, _, body = input_file(path, _TABLE).read_bytes().partition(b"\n")
+    meta = _header(head, path)
+    recorded = meta.get(BODY_SHA256)
+    if recorded is None and require_hash:
+        raise BadInputFile(path, "no content hash recorded (written by an older version)")
+    if recorded is not None and hashlib.sha256(body).hexdigest() != recorded:
+        raise BadInputFile(path, "its rows do not match the content hash recorded when it "
+                                 "was written (altered or truncated since)")
+    try:
+        df = pd.read_csv(BytesIO(body), **_exact_floats())
+    except pd.errors.EmptyDataError:
+        raise BadInputFile(path, "no table after the provenance header (truncated?)") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # pandas' parser errors
+        raise BadInputFile(path, f"not a CSV table after the provenance header ({exc})") from None
     if df.empty:
         raise BadInputFile(path, "no rows under the column names (truncated?)")
     return df, meta
@@ -142,8 +163,8 @@ def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
 
 def read_provenance(path: str | os.PathLike) -> dict[str, Any]:
     """The provenance of a table written by :func:`write_table`, without reading its rows."""
-    with open(input_file(path, _TABLE)) as fh:
-        return _header(fh, path)
+    with open(input_file(path, _TABLE), "rb") as fh:
+        return _header(fh.readline().rstrip(b"\n"), path)
 
 
 def read_torch(path: str | os.PathLike, kind: str, map_location="cpu") -> dict[str, Any]:

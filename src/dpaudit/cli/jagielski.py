@@ -189,7 +189,7 @@ def _audit(args) -> None:
 
     from .. import dpsgd, seeds
     from ..experiments import jagielski
-    from ..io import read_table, write_table, write_text
+    from ..io import write_table, write_text
 
     # AUDIT_KEYS are used; the rest, what the cells were trained with, only recorded
     node = subset_schema((*AUDIT_KEYS, *MADE_WITH_KEYS, "fig2", "table2"), "jagielski")
@@ -197,7 +197,7 @@ def _audit(args) -> None:
     rows = []
     log = say("jagielski-audit")
     for i, path in enumerate(args.scores):
-        scores, prov = read_table(path)
+        scores, prov = jagielski.read_scores(path)
         cell = prov["cell"]
         cfg = dpsgd.DPSGDConfig(**prov["dpsgd"])
         # the re-splits of a cell are drawn from the run seed and the cell's name
@@ -239,9 +239,9 @@ def _tolerance(text: str) -> float:
 
 def _markdown(args) -> None:
     from ..experiments import jagielski
-    from ..io import read_table, write_text
+    from ..io import write_text
 
-    table, _ = read_table(args.table)
+    table = jagielski.read_result_table(args.table)
     try:
         text = jagielski.table2_markdown(table, args.tolerance)
     except ValueError as exc:

@@ -6,24 +6,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import SpecError, subset_schema, validate_section
+from ..config import subset_schema, validate_section
 from ..experiments.jagielski import AUDIT_KEYS
 from . import say, seed_arg, spec_arg
 
 
 def _run(args) -> None:
     from ..experiments import trials_needed as tn
-    from ..io import read_table, write_table, write_text
+    from ..experiments.jagielski import read_scores
+    from ..io import write_table, write_text
 
     spec = validate_section(args.spec, "trials_needed")
     audit = validate_section(args.audit, "jagielski",
                              schema_node=subset_schema(AUDIT_KEYS, "jagielski"))
     tables = []
     for path in args.scores:
-        scores, prov = read_table(path)
-        if "cell" not in prov:
-            raise SpecError(f"{path}: not a score table of jagielski-train (no 'cell' in its "
-                            "provenance)")
+        scores, prov = read_scores(path)
         tables.append((scores, prov["cell"]))
 
     table = tn.study(tables, audit["alpha"], audit["delta"], audit["select_frac"],

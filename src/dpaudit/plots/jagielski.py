@@ -9,8 +9,7 @@ import os
 import numpy as np
 from matplotlib.lines import Line2D
 
-from ..experiments.jagielski import eps_label, init_order
-from ..io import read_table
+from ..experiments.jagielski import eps_label, init_order, read_result_table
 from .style import COLORS, figure, save
 
 ATTACK_NAMES = {"mi": "MI", "backdoor": "Backdoor", "clipbkd": "ClipBKD"}
@@ -57,7 +56,7 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
 
     The y axis is linear within +-0.01 (symlog), so cells that certify nothing sit on 0.
     The legend sits below the panels, inside the figure."""
-    df, _ = read_table(table)
+    df = read_result_table(table)
     panels = [(d, a) for d in DATASET_NAMES for a in ARCH_NAMES
               if ((df.dataset == d) & (df.arch == a)).any()]
     fig, axes = figure(1, len(panels), squeeze=False, layout="constrained")
@@ -143,7 +142,7 @@ def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     clipping norm, each cell annotated "ours (paper)", then "[certified]", the certified
     99% bound ``eps_lb`` (Bonferroni over k), then its 5th-95th percentile over random
     re-splits of the trials (a diagnostic, not a bound) where the table has them."""
-    df, _ = read_table(table)
+    df = read_result_table(table)
     inits = sorted(df.init.unique(), key=init_order)
     clips = sorted(df["clip"].unique())
     df["eps_label"] = df.eps_label.map(eps_label)

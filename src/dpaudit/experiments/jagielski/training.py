@@ -1,0 +1,294 @@
+"""Training of Jagielski et al. 2020's cells: sides, model seeds, scores, kept blocks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ... import canaries, dpsgd, seeds
+from .grid import ATTACKS, STATISTICS, score_columns
+from .tasks import Task
+
+
+def sides(task: Task, attack: str, ks, clipbkd_d0: str = "flipped"):
+    """The data sets an attack trains on: ``[(side, label, k, (X, y)), ...]`` with
+    ``label`` 0 for D0 and 1 for D1 (one D1 per k; k = 1 for ``mi``)."""
+    X, y = task.X, task.y
+    if attack == "mi":
+        D0, D1, _ = canaries.mi_datasets(X, y)
+        return [("out", 0, 1, D0), ("in", 1, 1, D1)]
+    if attack == "backdoor":
+        out = [("out", 0, 0, (X, y))]
+        return out + [(f"k{k}", 1, k, canaries.backdoor_datasets(X, y, task.pool_X, task.pool_y,
+                                                                 k)[1]) for k in ks]
+    if attack == "clipbkd":
+        D0 = canaries.clipbkd_datasets(X, y, task.x_p, task.y_p, 1, d0=clipbkd_d0)[0]
+        out = [("out", 0, 0, D0)]
+        return out + [(f"k{k}", 1, k, canaries.clipbkd_datasets(X, y, task.x_p, task.y_p, k,
+                                                                 d0=clipbkd_d0)[1]) for k in ks]
+    raise ValueError(f"attack={attack!r}: must be one of {ATTACKS}")
+
+
+def model_seeds(seed: int, dataset: str, arch: str, attack: str, side: str, trials: int) -> list[int]:
+    """Distinct seeds of the T trials of one side, from the run seed and the side's name
+    (not from C, the init or the noise: a grid's cells are paired)."""
+    return seeds.int_seeds(trials, int(seed), f"{dataset}/{arch}/{attack}/{side}")
+
+
+#: Training and test points of the population MI estimate (the reference's ``mi``).
+YEOM_POINTS = 1000
+
+
+def score_models(params: dpsgd.Params, model: dpsgd.ModelSpec, task: Task,
+                 attack: str) -> dict[str, np.ndarray]:
+    """The statistics of ``attack`` (:data:`STATISTICS`, higher = "in", module docstring)
+    of K trained models, their test accuracy and, for ``mi``, ``mi_yeom``: the population
+    MI estimate of the paper's Figure 2 MI line (:func:`canaries.yeom_mi_eps` on the first
+    1000 training and test points), a point estimate of a lower bound's kind, not a
+    bound. Only what the attack's audit reads is computed and kept."""
+    if attack not in STATISTICS:
+        raise ValueError(f"attack={attack!r}: must be one of {ATTACKS}")
+    dev, dt = params.W[0].device, params.W[0].dtype
+    t = lambda a: torch.as_tensor(a).to(dev, dt)  # noqa: E731
+    test_logits = dpsgd.logits(params, t(task.X_test), model)
+    acc = (test_logits.argmax(-1).cpu() == torch.as_tensor(task.y_test)).float().mean(-1)
+    out = {}
+    if attack == "clipbkd":
+        probe = torch.stack([t(task.x_p), torch.zeros_like(t(task.x_p))])
+        z = dpsgd.logits(params, probe, model).cpu().numpy()  # (K, 2, C)
+        out["clipbkd"] = canaries.clipbkd_score(z[:, :1], task.y_p, z[:, 1:])
+        out["clipbkd_logit"] = canaries.clipbkd_score(z[:, :1], task.y_p)
+    elif attack == "backdoor":
+        out["backdoor"] = canaries.backdoor_score(dpsgd.losses(
+            params, t(task.bkd_test_X), torch.as_tensor(task.bkd_test_y), model))
+    else:
+        out["mi"] = canaries.mi_score(dpsgd.losses(
+            params, t(task.X[-1:]), torch.as_tensor(task.y[-1:]), model))
+        m = min(YEOM_POINTS, len(task.X) - 1, len(task.X_test))  # rows every side trains on
+        out["mi_yeom"] = canaries.yeom_mi_eps(
+            dpsgd.losses(params, t(task.X[:m]), torch.as_tensor(task.y[:m]), model),
+            dpsgd.losses(params, t(task.X_test[:m]), torch.as_tensor(task.y_test[:m]), model))
+    return {**out, "test_acc": acc.numpy().astype(np.float64)}
+
+
+def trainer_digest() -> str:
+    """SHA-256 of the code that turns a seed into a score: the trainer, the canaries and
+    scores, the seed derivation, and this module's sides, seeds, scoring and training
+    loop. Kept blocks are reused only under the same digest (an edited trainer retrains)."""
+    from ...io import source_digest
+
+    return source_digest(dpsgd, canaries, seeds, sides, model_seeds, score_models,
+                         run_group)
+
+
+def _block_rows(side: str, start: int, seeds_: list[int], cell: str, stats: dict) -> pd.DataFrame:
+    return pd.DataFrame({"cell": cell, "side": side, "trial": np.arange(start, start + len(seeds_)),
+                         "seed": seeds_, **{k: np.asarray(v, np.float64) for k, v in stats.items()}})
+
+
+def _kept(path: Path, key: dict, cells: dict, side: str, start: int, seeds_: list[int],
+          attack: str, say: Callable[[str], None]) -> pd.DataFrame:
+    """The rows of the kept block at ``path`` whose shared ``key`` and own cell key match
+    (JSON comparison), for every cell it holds, of ``cells`` or not; empty if none. A block
+    of the same key is restored only whole and intact (:func:`_check_block`); otherwise
+    ``say`` names it and why, and it is trained again."""
+    from ...io import BadInputFile, as_recorded, read_provenance, read_table
+
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        if read_provenance(path).get("key") != as_recorded(key):
+            return pd.DataFrame()  # trained with another spec, seed, task, device or trainer
+        table, prov = read_table(path, require_hash=True)
+        _check_block(path, table, prov, side, start, seeds_, attack)
+    except (OSError, UnicodeDecodeError, BadInputFile) as exc:
+        say(f"kept block {path}: {getattr(exc, 'reason', exc)}; training it again")
+        return pd.DataFrame()
+    held = prov["cells"]
+    ok = [c for c, ck in held.items() if c not in cells or ck == as_recorded(cells[c])]
+    return table[table.cell.isin(ok)].assign(_key=lambda t: t.cell.map(held))
+
+
+def _check_block(path: Path, table: pd.DataFrame, prov: dict, side: str, start: int,
+                 seeds_: list[int], attack: str) -> None:
+    """BadInputFile unless the kept block holds, for each cell its provenance records,
+    the rows :func:`run_group` writes: this side's trials ``start`` onwards with their
+    seeds ``seeds_``, and a finite number in every score column."""
+    from ...io import BadInputFile
+
+    stop = start + len(seeds_)
+    if prov.get("side") != side or prov.get("trials") != [start, stop]:
+        raise BadInputFile(path, f"records side {prov.get('side')!r}, trials "
+                                 f"{prov.get('trials')}, not {side!r}, [{start}, {stop}]")
+    columns = ["cell", "side", "trial", "seed", *score_columns(attack)]
+    if list(table.columns) != columns:
+        raise BadInputFile(path, f"columns {list(table.columns)}, not {columns}")
+    held = prov.get("cells")
+    if not isinstance(held, dict) or set(table.cell) != set(held):
+        raise BadInputFile(path, f"rows of cells {sorted(set(table.cell), key=str)}, but its "
+                                 f"provenance records {sorted(held or [])}")
+    for cell, rows in table.groupby("cell", sort=False):
+        if (list(rows.trial) != list(range(start, stop)) or list(rows.seed) != list(seeds_)
+                or (rows.side != side).any()):
+            raise BadInputFile(path, f"cell {cell}: {len(rows)} rows, not trials {start} to "
+                                     f"{stop - 1} of side {side} with their seeds")
+    scores = table[columns[4:]]
+    if not all(pd.api.types.is_float_dtype(d) for d in scores.dtypes) \
+            or not np.isfinite(scores.to_numpy()).all():
+        raise BadInputFile(path, "a score or test accuracy is not a finite number")
+
+
+class _Block(NamedTuple):
+    """One block of trials of one side in :func:`run_group`'s plan: its data set, its seeds
+    (trials ``start`` to ``stop``), its file in the store, what is kept there and the cells
+    still to train."""
+
+    side: str
+    label: int
+    k: int
+    X: torch.Tensor
+    y: torch.Tensor
+    seeds: list[int]
+    start: int
+    path: Path | None
+    kept: pd.DataFrame
+    todo: list[str]
+
+    @property
+    def stop(self) -> int:
+        return self.start + len(self.seeds)
+
+
+def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
+              cells: dict[str, dpsgd.DPSGDConfig], ks, trials: int, seed: int,
+              name: tuple[str, str], init: dpsgd.Params | None = None,
+              clipbkd_d0: str = "flipped", block: int = 100, device=None,
+              log: Callable[[str], None] | None = None, store=None, key: dict | None = None,
+              cell_keys: dict[str, dict] | None = None,
+              on_trained: Callable[[str, int, dict], None] | None = None,
+              every_s: float = 15.0, precision: str = "fp32", jobs_per_gpu: int = 1,
+              per_call: int | None = None) -> dict[str, pd.DataFrame]:
+    """Train and score every cell of a group (one column per cell) on each side of
+    ``attack``, ``trials`` models per side and cell.
+
+    ``cells``: {cell id: its DPSGDConfig} (they share epochs, batch size, lr and
+    sampling). ``name = (dataset, arch)`` keys the model seeds (:func:`model_seeds`): a
+    trial's seed is the same in every cell, so one wide call (:func:`dpaudit.dpsgd.train`)
+    trains all of them on one gather of each batch. Trials go in blocks of ``block``
+    (trials [0, block), [block, 2 block), ...); with ``store`` (a folder), each finished
+    block of a side is written there as one table (rows: cell, trial, seed, statistics;
+    cell by cell, trial by trial) with provenance ``key`` (what every cell shares: spec,
+    seed, task, device, trainer) and each cell's ``cell_keys`` entry (its noise, init), and
+    a block kept there with the same key gives back the cells it holds with the same cell
+    key: a rerun trains only the missing cells of each block, an interrupted job loses at
+    most the blocks of the call it was in. ``on_trained(side, start, {cell: Params})`` sees
+    every trained call's models.
+
+    Calls: the blocks of a side that lack the same cells are trained together, ``per_call``
+    seeds per call (default :func:`dpaudit.dpsgd.seeds_per_call`: as many as the device's
+    memory holds, a GPU being shared by ``jobs_per_gpu`` jobs), a call spanning several
+    blocks or part of one. With "shuffle" sampling every model is the same bit for bit
+    whatever the calls (a seed's batches and draws are its own, and each model's products
+    are computed alone); "poisson" pads each step's batches to the call's largest, which
+    changes the float summation order, so there a call never spans two blocks (as the
+    blocks' layout, kept in the restore key, fixes them). ``precision``: the matmul
+    precision of training (:func:`dpaudit.dpsgd.matmul_precision`).
+
+    Returns {cell id: one row per model: side, label, k, trial, seed, the statistics and
+    the test accuracy}.
+    """
+    from ...io import write_table
+
+    say = log or (lambda msg: None)
+    cell_keys = cell_keys or {c: {} for c in cells}
+    if per_call is not None and (isinstance(per_call, bool) or int(per_call) != per_call
+                                 or per_call < 1):
+        raise ValueError(f"per_call={per_call!r}: must be an integer >= 1 or None")
+    plan: list[_Block] = []
+    for side, label, k, (X, y) in sides(task, attack, ks, clipbkd_d0):
+        X, y = torch.as_tensor(X), torch.as_tensor(y)  # once per side, for all its blocks
+        side_seeds = model_seeds(seed, *name, attack, side, trials)
+        for start in range(0, trials, block):
+            stop = min(start + block, trials)
+            path = None if store is None else Path(store) / f"{side}_{start:06d}-{stop:06d}.csv"
+            kept = pd.DataFrame() if path is None or on_trained is not None \
+                else _kept(path, key or {}, cell_keys, side, start, side_seeds[start:stop],
+                           attack, say)
+            todo = [c for c in cells if kept.empty or c not in set(kept.cell)]
+            plan.append(_Block(side, label, k, X, y, side_seeds[start:stop], start, path, kept,
+                               todo))
+    total = sum(len(p.seeds) * len(p.todo) for p in plan)
+    restored = sum(len(p.seeds) * len(cells) for p in plan) - total
+    say(f"{attack}: {len(cells)} cells x {len(plan)} blocks of trials: {restored} models "
+        f"restored, {total} to train")
+    span = next(iter(cells.values())).sampling == "shuffle"
+    tables: list[pd.DataFrame | None] = [None] * len(plan)
+    done, t0 = 0, time.perf_counter()
+    last = t0
+    i = 0
+    while i < len(plan):
+        side, X, y, first, todo = (plan[i].side, plan[i].X, plan[i].y, plan[i].start,
+                                   plan[i].todo)
+        j = i + 1
+        if not todo:
+            tables[i] = plan[i].kept.drop(columns="_key")
+            i = j
+            continue
+        while span and j < len(plan) and plan[j].side == side and plan[j].todo == todo:
+            j += 1
+        run_seeds = [s for p in plan[i:j] for s in p.seeds]
+        cfgs = [cells[c] for c in todo]
+        K = per_call or dpsgd.seeds_per_call(model, len(X), cfgs[0], len(todo), device,
+                                             limit=len(run_seeds), jobs_per_gpu=jobs_per_gpu)
+        scored, pending = [], list(range(i, j))
+        for at in range(0, len(run_seeds), K):
+            chunk = run_seeds[at:at + K]
+            with dpsgd.matmul_precision(precision):
+                trained = dpsgd.train(X, y, model, cfgs, chunk, init=init, device=device)
+            if on_trained is not None:
+                on_trained(side, first + at, dict(zip(todo, trained)))
+            scored += [_block_rows(side, first + at, chunk, c,
+                                   score_models(p, model, task, attack))
+                       for c, p in zip(todo, trained)]
+            trained_to = first + at + len(chunk)  # trials [first, trained_to) are scored
+            while pending and plan[pending[0]].stop <= trained_to:
+                b = pending.pop(0)
+                blk = plan[b]
+                rows = pd.concat(scored, ignore_index=True)
+                mine = rows.trial.between(blk.start, blk.stop - 1)
+                order = rows[mine].assign(_c=rows.cell.map(todo.index)).sort_values(
+                    ["_c", "trial"], kind="stable").drop(columns="_c")
+                table = pd.concat(([blk.kept.drop(columns="_key")] if not blk.kept.empty
+                                   else []) + [order], ignore_index=True)
+                scored = [rows[~mine]]
+                if blk.path is not None:
+                    held = {c: cell_keys[c] for c in todo}
+                    if not blk.kept.empty:
+                        held = {**dict(zip(blk.kept.cell, blk.kept._key)), **held}
+                    write_table(table, blk.path, {"key": key or {}, "cells": held,
+                                                  "side": side, "trials": [blk.start, blk.stop]})
+                tables[b] = table
+                done += len(blk.seeds) * len(todo)
+                now = time.perf_counter()
+                if now - last >= every_s or done == total:
+                    last, rate = now, done / max(now - t0, 1e-9)
+                    say(f"{attack} side {side}, trials {blk.start}-{blk.stop - 1}: "
+                        f"{done}/{total} models, {rate:.2f} models/s, about "
+                        f"{(total - done) / rate:.0f} s left")
+        i = j
+    out: dict[str, list] = {c: [] for c in cells}
+    for p, table in zip(plan, tables):
+        for c in cells:
+            part = table[table.cell == c].drop(columns="cell").sort_values("trial")
+            out[c].append(part.assign(label=p.label, k=p.k))
+    lead = ["side", "label", "k", "trial", "seed"]
+    result = {}
+    for c, parts in out.items():
+        df = pd.concat(parts, ignore_index=True)
+        result[c] = df[lead + [col for col in df.columns if col not in lead]]
+    return result
