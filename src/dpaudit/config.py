@@ -5,12 +5,15 @@ the key reference generated from the schema's descriptions.
 every key. The Snakefile validates the whole config against it at start-up; each CLI
 subcommand validates its ``--spec`` against its section (:func:`validate_section`), so a
 step run by hand is checked as strictly as one run by Snakemake; ``config/README.md`` is
-:func:`reference_markdown` (a test keeps it current). Only checks that relate several keys
-are hand-written, in the subcommand that needs them.
+:func:`reference_markdown` (a test keeps it current). The validator refuses NaN and
+infinities wherever a number is wanted. Only checks that relate several keys are
+hand-written: those of a whole config in :mod:`dpaudit.experiments.checks`, which the
+workflow runs at start-up, and in the subcommand that needs them.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from functools import cache
 from pathlib import Path
@@ -49,7 +52,27 @@ def subset_schema(keys, *path: str) -> dict:
             "properties": {k: props[k] for k in keys}}
 
 
+def _non_finite(value) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+@cache
+def _validator():
+    """Draft 2020-12 with NaN and +-inf not numbers: YAML's ``.nan``/``.inf`` and a number
+    that overflows a float (``1e999`` in ``--config``) would pass every ``minimum`` (NaN
+    compares false) and fail later, far from the key."""
+    from jsonschema import Draft202012Validator, validators
+
+    base = Draft202012Validator.TYPE_CHECKER
+    finite = base.redefine_many({
+        kind: (lambda _, x, kind=kind: base.is_type(x, kind) and not _non_finite(x))
+        for kind in ("number", "integer")})
+    return validators.extend(Draft202012Validator, type_checker=finite)
+
+
 def _message(err, where: str) -> str:
+    if _non_finite(err.instance):
+        return f"{where}={err.instance!r}: must be a finite number; allowed: {_kind(err.schema)}"
     if err.validator == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(allowed))
@@ -66,10 +89,8 @@ def validate_section(spec, *path: str, schema_node: dict | None = None):
     """``spec`` if it satisfies the schema of section ``path`` (or ``schema_node``); else
     :class:`SpecError` naming the offending key (``hw3.grids.m.m[1]=-4: ...``, ``hw3.bogus:
     unknown key ...``) and what is allowed."""
-    from jsonschema import Draft202012Validator
-
     node = section_schema(*path) if schema_node is None else schema_node
-    errors = list(Draft202012Validator(node).iter_errors(spec))
+    errors = list(_validator()(node).iter_errors(spec))
     if errors:
         err = min(errors, key=lambda e: (len(e.absolute_path), str(list(e.absolute_path))))
         where = ".".join(path) or "config"
@@ -86,6 +107,9 @@ _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _BOOLEAN = {"true": True, "True": True, "TRUE": True,
             "false": False, "False": False, "FALSE": False}
 _NULL = ("null", "Null", "NULL", "~")
+# YAML's and Python's spellings of NaN and infinity: read as such where a number is wanted,
+# so that validation refuses them as non-finite numbers rather than as text.
+_NON_FINITE = re.compile(r"[+-]?\.?(inf|Inf|INF|infinity|Infinity|nan|NaN|NAN)")
 
 
 def _types(node: dict) -> list[str]:
@@ -108,6 +132,8 @@ def _readings(text: str, kinds: list[str]):
             yield int(text)
         elif kind == "number" and _NUMBER.fullmatch(text):
             yield float(text)
+        elif kind in ("integer", "number") and _NON_FINITE.fullmatch(text):
+            yield float(text.replace(".", ""))
 
 
 def _typed(value, node: dict):

@@ -1,0 +1,168 @@
+"""The start-up check of the limits that relate several config keys, or a key and the data
+it is used on: values that each satisfy the schema but together would fail late in a job
+or produce a number that means nothing (a batch larger than its training set, a grid with
+fewer points than asked for). ``workflow/rules/common.smk`` calls :func:`check_config`
+once, after the Snakefile's schema validation and before any job runs; each message names
+the keys and what is allowed."""
+
+from __future__ import annotations
+
+import json
+
+from ..config import SpecError
+from ..dpsgd import ModelSpec
+from . import abadi, jagielski
+
+#: Sizes of the data the experiments use: the training rows of the Jagielski et al. tasks
+#: (Fashion-MNIST: the reference code's random half of the 12,000 T-shirt and trouser
+#: images; CIFAR-10: the 10,000 airplane and automobile images), the training images of
+#: each Fashion-MNIST class in the reference subset (half of its 6,000), the Fashion-MNIST
+#: / MNIST and CIFAR-10 training sets, and the input dimension of (Fashion-)MNIST.
+JAGIELSKI_N = {"fmnist": 6000, "cifar": 10000}
+TRAMER_PER_CLASS = 3000
+MNIST_TRAIN = 60_000
+CIFAR10_TRAIN = 50_000
+MNIST_DIMS = 784
+#: Most DP-SGD steps of the accountant curves (max_epochs / sample_rate): the accountants'
+#: time and memory grow with them (on 2 CPU cores one point of the curve took 1 s at 1e6
+#: steps, 166 s at 1e7).
+MAX_ACCOUNTING_STEPS = 1_000_000
+#: Most canary coordinates m x d of one HW3 grid point (time grows with them; the
+#: homework's largest point, m = 16384 at d = 1e4 or m = 1000 at d = 1e5, has 1.6e8).
+MAX_HW3_COORDINATES = 10**10
+
+
+def problems(config: dict) -> list[str]:
+    """One line per violated cross-key limit of ``config`` (a whole config that satisfies
+    the schema); empty if none."""
+    found = []
+    jag, tn, onerun = config["jagielski"], config["trials_needed"], config["onerun"]
+
+    for grid, axes in config["hw3"]["grids"].items():
+        largest = max(axes["m"]) * max(axes["d"])
+        if largest > MAX_HW3_COORDINATES:
+            found.append(f"hw3.grids.{grid}.m x hw3.grids.{grid}.d = {largest:.3g} canary "
+                         f"coordinates at the largest point: must be <= "
+                         f"{MAX_HW3_COORDINATES:.0e}")
+
+    acc = config["accounting"]
+    steps = acc["abadi"]["max_epochs"] / acc["abadi"]["sample_rate"]
+    if steps > MAX_ACCOUNTING_STEPS:
+        found.append(f"accounting.abadi.max_epochs / sample_rate = {steps:.3g} DP-SGD steps: "
+                     f"must be <= {MAX_ACCOUNTING_STEPS:.0e}")
+    comp = acc["composition"]
+    if comp["num_k"] > comp["max_k"]:
+        found.append(f"accounting.composition.num_k={comp['num_k']}: must be <= "
+                     f"accounting.composition.max_k={comp['max_k']} (whole k in [1, max_k])")
+
+    ridge = config["ridge"]
+    if ridge["m"] > ridge["d"]:
+        found.append(f"ridge.m={ridge['m']}: must be <= ridge.d={ridge['d']} (the canaries "
+                     "are orthonormal directions of R^d)")
+
+    for name, n in JAGIELSKI_N.items():
+        # A cell is named and plotted by its label: a finite label trained without noise
+        # would claim an eps it does not have (eps = inf).
+        free = [e for e, sigma in jag["datasets"][name]["noise"].items()
+                if e != "inf" and sigma == 0]
+        for label in free:
+            found.append(f"jagielski.datasets.{name}.noise.{label}=0: a finite eps label needs "
+                         "a noise multiplier > 0 (only the label inf trains without noise)")
+        batch = jag["datasets"][name]["batch_size"]
+        if batch > n:
+            found.append(f"jagielski.datasets.{name}.batch_size={batch}: must be <= {n}, "
+                         "the rows of its training set")
+    # Every split of trials into threshold-choosing and evaluating ones keeps one of each,
+    # at the full count and at the fewest trials the trials-needed study subsamples.
+    for key, n in (("jagielski.trials", jag["trials"]), ("trials_needed.n_min", tn["n_min"])):
+        cut = int(n * jag["select_frac"])
+        if min(cut, n - cut) < 1:
+            found.append(f"jagielski.select_frac={jag['select_frac']} of {key}={n}: must "
+                         "leave at least one trial per side to choose the threshold and one "
+                         f"to evaluate it (between {1 / n:.3g} and {1 - 1 / n:.3g})")
+    if tn["n_min"] > jag["trials"]:
+        found.append(f"trials_needed.n_min={tn['n_min']}: must be <= jagielski.trials="
+                     f"{jag['trials']} (the study subsamples the trained trials)")
+    try:
+        jagielski.check_grid(jag, onerun if onerun["compare_many_model"] else None)
+    except ValueError as err:
+        found.append(str(err).removeprefix("config "))
+    if onerun["compare_many_model"]:
+        trained = set(jag["fig2"]["eps"]) | set(jag["table2"]["eps"])
+        extra = [e for e in onerun["eps"] if e not in trained]
+        if extra:
+            found.append(f"onerun.eps: {extra} are not labels of jagielski.fig2.eps or "
+                         f"jagielski.table2.eps ({sorted(trained)}), which "
+                         "onerun.compare_many_model compares with; add them there or set "
+                         "onerun.compare_many_model to false")
+    if "dirac" in onerun["canaries"]:
+        hidden = jag["datasets"]["fmnist"]["hidden"]
+        for arch in onerun["archs"]:
+            fan_in, fan_out = ModelSpec(arch, MNIST_DIMS, hidden).shapes[0]
+            if onerun["m"] > fan_in * fan_out:
+                found.append(f"onerun.m={onerun['m']}: must be <= {fan_in * fan_out}, the "
+                             f"first-layer weights of the {arch} model (one Dirac canary "
+                             "each)")
+
+    tramer = config["tramer"]
+    most = TRAMER_PER_CLASS * len(tramer["classes"])
+    if tramer["n_train"] > most:
+        found.append(f"tramer.n_train={tramer['n_train']}: must be <= {most}, the "
+                     f"Fashion-MNIST images of tramer.classes={tramer['classes']} in the "
+                     "reference subset")
+    if tramer["model"]["batch_size"] > tramer["n_train"]:
+        found.append(f"tramer.model.batch_size={tramer['model']['batch_size']}: must be <= "
+                     f"tramer.n_train={tramer['n_train']}")
+    try:
+        spec = json.loads(tramer["user"]["spec"])
+    except json.JSONDecodeError as err:
+        found.append(f"tramer.user.spec: not JSON ({err})")
+    else:
+        if not isinstance(spec, dict):
+            found.append(f"tramer.user.spec={tramer['user']['spec']!r}: must be a JSON object")
+
+    fig3 = config["abadi"]["fig3"]
+    n3 = fig3["n_train"] or MNIST_TRAIN
+    for key in ("lot_size", "train_eval_images"):
+        if fig3[key] > n3:
+            found.append(f"abadi.fig3.{key}={fig3[key]}: must be <= the training images, "
+                         f"abadi.fig3.n_train={fig3['n_train']} (0: {MNIST_TRAIN})")
+    for level in fig3["levels"]:
+        try:
+            abadi.check_fig3_level(level)
+        except SpecError as err:
+            found.append(str(err))
+    fig6 = config["abadi"]["fig6"]
+    # The private set without CIFAR-100: CIFAR-10's training images less the public ones.
+    n6 = fig6["private_images"] or CIFAR10_TRAIN - fig6["public_images"]
+    if fig6["train_eval_images"] > n6:
+        found.append(f"abadi.fig6.train_eval_images={fig6['train_eval_images']}: must be <= "
+                     f"the private images, {n6} (abadi.fig6.private_images, or when 0 "
+                     f"{CIFAR10_TRAIN} - public_images)")
+    for i, level in enumerate(fig6["levels"]):
+        if level["lot_size"] > n6:
+            found.append(f"abadi.fig6.levels[{i}].lot_size={level['lot_size']}: must be <= "
+                         f"the private images, {n6} (abadi.fig6.private_images, or when 0 "
+                         f"{CIFAR10_TRAIN} - public_images)")
+    for i, level in enumerate(fig3["levels"]):
+        if level["sigma"] == 0 and level["eps"] is not None:
+            found.append(f"abadi.fig3.levels[{i}].sigma=0 with abadi.fig3.levels[{i}].eps="
+                         f"{level['eps']}: without noise eps = inf, so no target can stop "
+                         "the level; set its eps to null or its sigma > 0")
+    for i, level in enumerate(fig6["levels"]):
+        if fig6["sigma"] == 0 and level["eps"] is not None:
+            found.append(f"abadi.fig6.sigma=0 with abadi.fig6.levels[{i}].eps={level['eps']}: "
+                         "without noise eps = inf, so no target can stop the level; set its "
+                         "eps to null or abadi.fig6.sigma > 0")
+    return found
+
+
+def check_config(config: dict) -> None:
+    """A :class:`SpecError` listing every :func:`problems` of ``config``, one per line."""
+    found = problems(config)
+    if found:
+        raise SpecError("\n".join(found))
+
+
+__all__ = ["problems", "check_config", "JAGIELSKI_N", "MAX_ACCOUNTING_STEPS",
+           "MAX_HW3_COORDINATES"]
