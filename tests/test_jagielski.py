@@ -327,6 +327,11 @@ def test_paper_rule_reads_the_raw_logit_and_resplits_bracket_the_certified_bound
                                                                                    [5, 95]))
     assert row["eps_lb_split_lo"] < row["eps_lb_split_hi"]
     assert "eps_lb_split_lo" not in jagielski.summarize_cell(cell, "clipbkd", 0.01, 1e-5)
+    # the paper rule's sampling spread: the bootstrap of the raw-logit statistic, seeded
+    row = jagielski.summarize_cell(cell, "clipbkd", 0.01, 1e-5, boots=30, boot_seed=2)
+    assert row["eps_lb_paper_rule_sd"] == np.std(bounds.paper_rule_bootstrap(
+        pos, neg, boots=30, seed=2), ddof=1) > 0
+    assert "eps_lb_paper_rule_sd" not in jagielski.summarize_cell(cell, "clipbkd", 0.01, 1e-5)
 
 
 @pytest.mark.parametrize("column,value,match", [
@@ -368,8 +373,23 @@ def test_paper_table2_values_and_markdown():
     assert agree["mean_diff"]["init"]["fixed"] == pytest.approx(-1.34)
     assert agree["mean_diff"]["eps_label"]["inf"] == pytest.approx((-1.34 - 0.12) / 2)
     assert agree["mean_diff"]["clip"][1.0] == pytest.approx((-1.34 - 0.12 - 0.05) / 3)
+    # within 0.1: only the last (-0.05); relative: 1.34/4.54, 0.12/0.42, 0.05/0.25 -> median 0.2857
+    assert agree["within_fine"] == 1 and agree["median_rel"] == pytest.approx(0.12 / 0.42)
     assert ("Against the paper, by its procedure: 2 of 3 cells (67%) within +-0.5 of its "
-            "value, RMS of ours - paper 0.78.") in md
+            "value, 1 within +-0.1; median relative difference 29%; RMS of ours - paper "
+            "0.78. Mean") in md
+    assert "within_sd" not in agree  # no sampling spread in this table
+    # with one: |diff| / (sqrt(2) sd) = 1.34 / (1.414 * 1.0) = 0.95, 0.12 / 0.0283 = 4.24,
+    # 0.05 / 0.0141 = 3.54 -> 1 within 1, 1 within 2, 1 within 3; 0 sd with 0 diff counts as 0
+    sd = table.assign(eps_lb_paper_rule_sd=[1.0, 0.02, 0.01])
+    agree = jagielski.paper_agreement(sd)
+    assert agree["within_sd"] == {1: 1, 2: 1, 3: 1}
+    assert agree["expected_sd"][2] == pytest.approx(3 * 0.9544997, rel=1e-6)
+    assert "1, 1 and 1 cells lie within 1, 2 and 3 spreads" in jagielski.table2_markdown(sd)
+    exact = sd.assign(eps_lb_paper_rule=sd.paper_eps_lb, eps_lb_paper_rule_sd=0.0)
+    assert jagielski.paper_agreement(exact)["within_sd"] == {1: 3, 2: 3, 3: 3}
+    assert jagielski.paper_agreement(sd, column="eps_lb").get("within_sd") is None
+    agree = jagielski.paper_agreement(table)
     assert "by init: fixed init -1.34," in md and "by eps_th label: 8 -0.05, inf -0.73;" in md
     # the certified and best-over-k columns are counted too (certified - paper: -1.44,
     # -0.17, -0.25; best - paper: -0.14, 0.58, 0.05)

@@ -201,15 +201,16 @@ def _audit(args) -> None:
         cell = prov["cell"]
         cfg = dpsgd.DPSGDConfig(**prov["dpsgd"])
         # the re-splits of a cell are drawn from the run seed and the cell's name
+        cell_name = jagielski.cell_file(cell["clip"], cell["init"], cell["eps"])
         resplit_seed = seeds.sequence(args.seed, "jagielski/resplits", cell["dataset"],
-                                      cell["arch"], cell["attack"],
-                                      jagielski.cell_file(cell["clip"], cell["init"],
-                                                          cell["eps"]))
+                                      cell["arch"], cell["attack"], cell_name)
         row = {**cell, "eps_label": cell["eps"],
                **jagielski.theoretical_eps(cell["noise"], cell["n"], cfg, spec["delta"]),
-               **jagielski.summarize_cell(scores, cell["attack"], spec["alpha"], spec["delta"],
-                                          spec["select_frac"], jagielski.RESPLITS,
-                                          resplit_seed),
+               **jagielski.summarize_cell(
+                   scores, cell["attack"], spec["alpha"], spec["delta"], spec["select_frac"],
+                   jagielski.RESPLITS, resplit_seed, jagielski.BOOTSTRAPS,
+                   seeds.sequence(args.seed, "jagielski/bootstrap", cell["dataset"],
+                                  cell["arch"], cell["attack"], cell_name)),
                "jpeg_reencoded": bool(prov["task"].get("jpeg_reencoded", False)),
                "pretrained_on": prov["task"].get("pretrained_on", "")}
         del row["eps"]
@@ -217,7 +218,7 @@ def _audit(args) -> None:
         log(f"{i + 1}/{len(args.scores)} cells audited ({path})")
     table = pd.DataFrame(rows)
     prov = {"command": "jagielski-audit", "experiment": args.experiment, "spec": spec,
-            "seed": args.seed, "resplits": jagielski.RESPLITS}
+            "seed": args.seed, "resplits": jagielski.RESPLITS, "bootstraps": jagielski.BOOTSTRAPS}
     if args.experiment == "table2":
         if args.md is None:
             raise SpecError("--experiment table2 needs --md (the Markdown table)")

@@ -37,7 +37,7 @@ Modules: :mod:`.tasks` (the data tasks), :mod:`.grid` (cells, config keys, paths
 
 from __future__ import annotations
 
-from .audit import (COLUMNS, PAPER_STATISTIC, RESPLITS, ROC_LEVELS, SPLIT_PERCENTILES,
+from .audit import (BOOTSTRAPS, COLUMNS, PAPER_STATISTIC, RESPLITS, ROC_LEVELS, SPLIT_PERCENTILES,
                     audit_scores, read_result_table, read_scores, summarize_cell,
                     theoretical_eps)
 from .grid import (ATTACKS, AUDIT_KEYS, DATASETS, MADE_WITH_KEYS, STATISTICS, TASK_KEYS,
@@ -59,6 +59,6 @@ __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDI
            "TRAINED_DIR", "check_grid", "table_spec", "grid_cells", "groups", "grid_models",
            "train_spec", "TABLE2_NOTES", "theoretical_eps", "PAPER_TABLE2", "PAPER_CLIPS",
            "paper_table2", "with_paper_table2", "PAPER_TOL", "TABLE2_COLUMNS", "PAPER_COLUMN",
-           "PAPER_STATISTIC", "RESPLITS", "SPLIT_PERCENTILES", "eps_label", "init_order",
+           "PAPER_STATISTIC", "RESPLITS", "BOOTSTRAPS", "SPLIT_PERCENTILES", "eps_label", "init_order",
            "paper_agreement", "table2_markdown", "side_names", "score_columns", "read_scores",
            "read_result_table"]

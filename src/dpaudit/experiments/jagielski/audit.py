@@ -86,6 +86,10 @@ COLUMNS = {
                          "backdoor), threshold by a DKW-style margin, Clopper-Pearson at 99%, "
                          "delta = 0, largest over k; reproduces the paper's numbers; a maximum "
                          "of several 99% bounds, not itself a 99% bound",
+    "eps_lb_paper_rule_sd": "diagnostic, not a bound: standard deviation of eps_lb_paper_rule "
+                            "over bootstrap resamples of both sides' trials, its sampling "
+                            "spread (an independent run of the same procedure, such as the "
+                            "paper's, differs from ours by about sqrt(2) times it)",
     "eps_lb_best_k": "the largest over k of the per-k bounds, each at 1 - alpha, at eps_lb's "
                      "thresholds; a maximum of several, not itself a 1 - alpha bound",
     "eps_lb": "certified: every k at alpha / len(ks), largest over k (union bound)",
@@ -116,6 +120,8 @@ PAPER_STATISTIC = {"mi": "mi", "backdoor": "backdoor", "clipbkd": "clipbkd_logit
 RESPLITS = 200
 #: Their percentiles.
 SPLIT_PERCENTILES = (5.0, 95.0)
+#: Bootstrap resamples behind ``eps_lb_paper_rule_sd``.
+BOOTSTRAPS = bounds.PAPER_BOOTSTRAPS
 
 
 def _sides(scores: pd.DataFrame, stat: str) -> tuple[dict[int, np.ndarray], np.ndarray]:
@@ -131,7 +137,8 @@ def _sides(scores: pd.DataFrame, stat: str) -> tuple[dict[int, np.ndarray], np.n
 
 
 def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float,
-                   select_frac: float = 0.5, resplits: int = 0, seed=0) -> dict:
+                   select_frac: float = 0.5, resplits: int = 0, seed=0,
+                   boots: int = 0, boot_seed=0) -> dict:
     """One cell's result row (:data:`COLUMNS` says what each bound is).
 
     Each k's threshold is chosen once, on the first ``select_frac`` of the trials, by the
@@ -149,6 +156,9 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
     ``eps_lb_split_lo`` and ``eps_lb_split_hi``: :data:`SPLIT_PERCENTILES` of ``eps_lb``
     over that many random re-splits drawn from ``seed``
     (:func:`dpaudit.bounds.eps_lb_resplits`), a diagnostic of the split, not a bound.
+    With ``boots`` > 0, ``eps_lb_paper_rule_sd``: the standard deviation of
+    ``eps_lb_paper_rule`` over that many bootstrap resamples of both sides' trials drawn
+    from ``boot_seed`` (:func:`dpaudit.bounds.paper_rule_bootstrap`), its sampling spread.
     Also the number of trials per side and the mean test accuracy."""
     n_k = int(scores.loc[scores.label == 1, "k"].nunique())
     level = alpha / max(n_k, 1)
@@ -162,6 +172,8 @@ def summarize_cell(scores: pd.DataFrame, attack: str, alpha: float, delta: float
     mu_lb = float(per_k.mu_lb.max())
     pos, neg = _sides(scores, PAPER_STATISTIC[attack])
     row = {"eps_lb_paper_rule": bounds.eps_lb_paper_rule(pos, neg, select_frac).value,
+           **({"eps_lb_paper_rule_sd": float(np.std(bounds.paper_rule_bootstrap(
+               pos, neg, select_frac, boots, boot_seed), ddof=1))} if boots else {}),
            "eps_lb_best_k": float(at_alpha[i]), "best_k": int(best.k),
            "tpr": float(best.tpr), "fpr": float(best.fpr), "threshold": float(best.threshold),
            **{name: float(best[name]) for name in [*ROC_LEVELS, "auc"]},
