@@ -134,3 +134,67 @@ def test_bad_arguments_are_named(kw, match):
         whitebox.audit(X, y, dpsgd.ModelSpec("lr", X.shape[1]),
                        dpsgd.DPSGDConfig(1, 10, 0.5, 1.0, 1.0, "poisson"), runs, 0, alpha,
                        delta, device="cpu", **args)
+
+
+def _cli(argv):
+    """``dpaudit`` with this subcommand registered (the lead wires it into the CLI)."""
+    import argparse
+
+    from dpaudit.cli import tight
+
+    parser = argparse.ArgumentParser()
+    tight.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+SPEC = {"runs": 6, "archs": ["lr"], "eps": ["2"], "alpha": ALPHA, "delta": DELTA,
+        "select_frac": 0.5}
+TRAIN = {"epochs": 1, "batch_size": 10, "lr": 0.5, "hidden": 4, "noise": {"2": 2.0},
+         "clip": 1.0}
+
+
+@pytest.fixture
+def task_file(tmp_path):
+    from dpaudit import features
+    from dpaudit.experiments.jagielski import make_task
+
+    X, y = _data(40)
+    task = make_task(X, y, X[:8], y[:8], X[:4], np.ones(4, np.int64), X[:2],
+                     np.ones(2, np.int64), clipbkd_norm=5.0)
+    path = tmp_path / "task.npz"
+    features.save_features(path, task.arrays(), {"command": "test"})
+    return path
+
+
+def test_cli_writes_one_row_per_method(tmp_path, task_file):
+    import json
+
+    from dpaudit.io import read_table
+
+    out = tmp_path / "tight.csv"
+    _cli(["tight-whitebox-audit", "--task", str(task_file), "--spec", json.dumps(SPEC),
+          "--train", json.dumps(TRAIN), "--seed", "3", "--device", "cpu", "--out", str(out)])
+    df, meta = read_table(out)
+    assert meta["spec"] == SPEC and meta["seed"] == 3
+    assert list(df.method) == ["whitebox-llr", "whitebox-dot-sum"]
+    assert (df.eps_label == 2).all() and (df.relation == "add/remove").all()
+    assert (df.eps_lb <= df.eps_th).all() and (df.runs == 6).all()
+
+
+@pytest.mark.parametrize("spec, train, match", [
+    ({"bogus": 1}, {}, r"--spec.bogus: unknown key"), ({"eps": ["3"]}, {}, r"--spec.eps="),
+    ({"archs": ["cnn"]}, {}, "--spec.archs="), ({"runs": 1}, {}, "runs=1"),
+    ({}, {"lr": None, "hidden": None}, None)])
+def test_cli_bad_spec_names_the_key(tmp_path, task_file, spec, train, match):
+    import json
+
+    from dpaudit.config import SpecError
+
+    train = {k: v for k, v in {**TRAIN, **train}.items() if v is not None}
+    out = tmp_path / "x.csv"
+    with pytest.raises(SpecError, match=match or r"--train: missing keys \['lr', 'hidden'\]"):
+        _cli(["tight-whitebox-audit", "--task", str(task_file), "--spec",
+              json.dumps({**SPEC, **spec}), "--train", json.dumps(train), "--seed", "0",
+              "--device", "cpu", "--out", str(out)])
+    assert not out.exists()
