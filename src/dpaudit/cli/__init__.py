@@ -20,7 +20,7 @@ from ..io import BadInputFile, DataNotFound
 
 #: Subcommand modules, in help order.
 COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
-            "abadi", "report")
+            "abadi", "report", "tight")
 
 
 def spec_arg(text: str) -> dict:
