@@ -239,3 +239,22 @@ def test_onerun_and_table2_captions_name_what_is_shown(quick_config):
     assert f"up to m = {quick_config['onerun']['m']} canaries per run" in onerun
     assert "results/jagielski_table2.html" in _caption("jagielski_table2_table.rst",
                                                        quick_config)
+
+
+def test_trials_needed_title_says_where_no_range_is_shaded(tmp_path, monkeypatch):
+    """The reference study: at eps_th inf ClipBKD separates every draw perfectly (each
+    method's quartiles are equal at every n), at 8 it does not."""
+    from dpaudit.plots import trials_needed
+
+    table, _ = read_table(ROOT / "reference/trials_needed.csv")
+    spread = table.groupby(["eps_label", "n"]).eps_lb.agg(lambda v: v.max() - v.min())
+    assert spread.loc[math.inf].max() == 0 and spread.loc[8.0].max() > 0
+    figures = _capture(monkeypatch, trials_needed)
+    trials_needed.plot_trials_needed(ROOT / "reference/trials_needed.csv",
+                                     ROOT / "reference/trials_needed_summary.csv",
+                                     tmp_path / "f.pdf")
+    fig = figures[0]
+    _assert_legend_is_drawn(fig)
+    titles = {ax.get_title().split("label ")[1].split("\n")[0]: ax.get_title()
+              for ax in fig.axes}
+    assert "no shaded range" in titles["inf"] and "no shaded range" not in titles["8"]
