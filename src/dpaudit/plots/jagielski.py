@@ -84,7 +84,7 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     if split:
         handles[SPLIT_LABEL] = Line2D([], [], color="#7f7f7f", marker="|", ms=8, ls="none")
     ncol = min(2, len(archs))
-    fig.set_size_inches(4.6 * max(ncol, len(archs)),
+    fig.set_size_inches(4.6 * len(archs),
                         3.6 * len(datasets) + 0.2 * math.ceil(len(handles) / ncol))
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=ncol,
                title=f"{int(df.trials.max())} trials per side, half choose the threshold, "
