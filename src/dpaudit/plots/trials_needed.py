@@ -83,8 +83,9 @@ def plot_trials_needed(table: str | os.PathLike, summary: str | os.PathLike,
                ylabel=f"eps: median over {grp.subsample.nunique()} subsamples")
         ax.set_ylim(bottom=0, top=top)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7)
+    # two short lines, above the tallest panel title: no wider than one panel
     fig.suptitle(f"Trials needed: level {1 - alpha:.0%} (Bonferroni over k); shaded: 25-75% "
-                 f"of the subsamples; vertical lines: where each median reaches the common "
+                 f"of the subsamples\nvertical lines: where each median reaches the common "
                  f"target", fontsize=9,
-                 y=0.96 + 0.04 * max(ax.get_title().count("\n") + 1 for ax in axes[0]))
+                 y=1.0 + 0.04 * max(ax.get_title().count("\n") + 1 for ax in axes[0]))
     save(fig, out)
