@@ -5,18 +5,18 @@ level's fixed eps, we plot the accountant's eps at a fixed delta (``abadi.delta`
 the same stopping rule (train until the target (eps, delta) would be passed). The paper's
 reported test accuracy is starred at the first epoch whose eps reaches
 :data:`REACHED` times the level's target; a level that stops short of it gets no star,
-only a note."""
+only a note (and the legend names the star only where a panel draws one)."""
 
 from __future__ import annotations
 
 import os
 
 import numpy as np
-from matplotlib.lines import Line2D
-
+from matplotlib.ticker import MaxNLocator
 from ..experiments.abadi import PAPER
 from ..io import read_table
-from .style import COLORS, figure, save
+from .accounting import ACCOUNTANTS
+from .style import COLORS, figure, legend_below, save
 
 DATASET_NAMES = {"mnist": "MNIST", "fmnist": "Fashion-MNIST (in place of MNIST)",
                  "cifar10": "CIFAR-10"}
@@ -50,7 +50,8 @@ def _level_title(figure: str, rows, index: int) -> str:
 
 
 def plot_abadi(table: str | os.PathLike, fig_name: str, out: str | os.PathLike) -> None:
-    """Draw Figure 3 (``fig_name="fig3"``) or 6 (``"fig6"``) from the accuracy table."""
+    """Draw Figure 3 (``fig_name="fig3"``) or 6 (``"fig6"``) from the accuracy table. Each
+    panel's last test accuracy and eps go in its title, clear of the lines and ticks."""
     df, _ = read_table(table)
     df = df[df.figure == fig_name]
     if df.empty:
@@ -58,6 +59,7 @@ def plot_abadi(table: str | os.PathLike, fig_name: str, out: str | os.PathLike) 
     levels = list(dict.fromkeys(df.level))
     fig, axes = figure(1, len(levels), squeeze=False, sharey=True)
     axes = axes[0]
+    twins = []
     for i, (ax, level) in enumerate(zip(axes, levels), 1):
         rows = df[df.level == level].sort_values("epoch")
         ax.plot(rows.epoch, rows.train_acc, color=COLORS["empirical"], label="training")
@@ -69,47 +71,47 @@ def plot_abadi(table: str | os.PathLike, fig_name: str, out: str | os.PathLike) 
             reached = rows[rows.eps >= REACHED * target]
             if len(reached):
                 ax.plot([reached.epoch.iloc[0]], [paper["test_acc"]], "*",
-                        color=COLORS["theory"], markersize=9)
+                        color=COLORS["theory"], markersize=9,
+                        label=f"paper's test accuracy ({_PAPER_DATA[fig_name]}) at the "
+                              r"target $\varepsilon$")
             else:
                 ax.text(0.03, 0.97, rf"$\varepsilon$ target {target:g} not reached:" +
                         f"\nthe paper's {paper['test_acc']:.0%} at it not marked",
                         transform=ax.transAxes, va="top", fontsize=7.5,
                         color=COLORS["theory"])
         eps_text = "inf (not DP)" if np.isinf(last.eps) else f"{last.eps:.2f}"
-        ax.annotate(f"test {last.test_acc:.1%}\n" + rf"$\varepsilon$ = {eps_text}",
-                    (last.epoch, last.test_acc), textcoords="offset points", xytext=(-4, -22),
-                    ha="right", fontsize=8)
         ax.set_ylim(0, 1)
         ax.set_xlim(0, max(1, last.epoch))
         ax.set_xlabel("epoch")
-        ax.set_title(_level_title(fig_name, rows, i), fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
+        ax.set_title(f"{_level_title(fig_name, rows, i)}\nepoch {int(last.epoch)}: test "
+                     f"{last.test_acc:.1%}, " + rf"$\varepsilon$ = {eps_text}", fontsize=9)
         twin = ax.twinx()
+        twins.append(twin)
         finite = rows.eps.where(np.isfinite(rows.eps))  # inf (a non-private PCA): not drawn
-        twin.plot(rows.epoch, finite, "--", color=_EPS, label=r"$\varepsilon$")
+        twin.plot(rows.epoch, finite, "--", color=_EPS,
+                  label=r"$\varepsilon$ at fixed $\delta$ (target: thin line)")
         top = float(np.nanmax(finite)) if finite.notna().any() else 0.0
         if np.isfinite(target):
             twin.axhline(target, color=_EPS, lw=0.8, alpha=0.5)
             top = max(top, float(target))
-        twin.set_ylim(0, 1.15 * top if top > 0 else 1)
+        twin.set_ylim(0, 1.35 * top if top > 0 else 1)  # the target below the corner note
         twin.tick_params(axis="y", colors=_EPS)
         twin.grid(False)
         twin.spines["right"].set_visible(True)
         if i == len(levels):
-            twin.set_ylabel(rf"$\varepsilon$ at $\delta$ = {last.delta:g} ({last.accountant})",
+            name = ACCOUNTANTS.get(last.accountant, last.accountant)
+            twin.set_ylabel(rf"$\varepsilon$ at $\delta$ = {last.delta:g}" + f"\n({name})",
                             color=_EPS)
     axes[0].set_ylabel("accuracy")
     first = df.iloc[0]
     data = DATASET_NAMES.get(first.dataset, first.dataset)
     extra = f"\n{_pretrained(first.pretrained_on)}" if fig_name == "fig6" else ""
     fig.suptitle(f"{_TITLES[fig_name]}: {data}, n = {first.n_train:,}{extra}", fontsize=10)
-    handles, labels = axes[0].get_legend_handles_labels()
-    if fig_name in PAPER:  # a proxy: the legend names the star even where none is drawn
-        handles.append(Line2D([], [], ls="", marker="*", color=COLORS["theory"], markersize=9))
-        labels.append(f"paper's test accuracy ({_PAPER_DATA[fig_name]}) at the target "
-                      r"$\varepsilon$, where reached")
-    handles += twin.get_legend_handles_labels()[0]
-    labels += [r"$\varepsilon$ at fixed $\delta$ (target: thin line)"]
-    fig.legend(handles, labels, loc="upper center", ncol=4, bbox_to_anchor=(0.5, 0.0),
-               frameon=False)
     fig.tight_layout()
+    handles = {}  # every entry once, whichever panel drew it: no entry for an undrawn star
+    for ax in [*axes, *twins]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    legend_below(fig, axes, list(handles.values()), list(handles), ncol=len(handles))
     save(fig, out)

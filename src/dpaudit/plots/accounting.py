@@ -11,14 +11,17 @@ from .style import COLORS, figure, legend_below, save
 
 #: method -> (label, colour, line style), in legend order.
 _ABADI = {
-    "strong_abadi": ("strong composition, as in Abadi et al.", "#ff7f0e", "-"),
-    "strong_sound": ("strong composition, exact Gaussian + tight amplification",
-                     "#ff7f0e", "--"),
+    "strong_abadi": ("strong composition as Abadi et al. compute it (the paper's line; "
+                     "not a sound bound)", "#ff7f0e", "-"),
+    "strong_sound": ("strong composition, sound version (exact Gaussian, tight "
+                     "amplification)", "#ff7f0e", "--"),
     "rdp_classic": ("moments accountant (RDP, 2019 TF-Privacy)", COLORS["empirical"], "-"),
     "rdp": ("RDP, improved conversion", "#17becf", "--"),
     "pld": ("PLD (tight)", COLORS["theory"], "-"),
     "gdp": ("GDP CLT (asymptotic)", "#2ca02c", ":"),
 }
+#: Each accountant's name in a figure (``abadi.accountant``, ``accounting.METHODS``).
+ACCOUNTANTS = {method: label for method, (label, _, _) in _ABADI.items()}
 _COMPOSITION = {
     "basic": (r"basic: $k\varepsilon_0$", COLORS["theory"], "-"),
     "lecture": (r"lecture notes (CSCI 699): $\varepsilon_0\sqrt{2k\ln(1/\delta')}"

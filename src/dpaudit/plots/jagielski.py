@@ -34,8 +34,9 @@ SPLIT_LABEL = ("whiskers: 5th-95th percentile of the 99% bound over 200 re-split
 
 
 def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
-    """One panel per (data set, model), against the theoretical eps of the cell
-    (rdp_classic, delta 1e-5, add/remove neighbours: the paper's x-axis):
+    """One panel per (data set, model), against the theoretical eps of the cell (the
+    moments accountant ``rdp_classic``, delta 1e-5, add/remove neighbours: the paper's
+    x-axis):
 
     - solid: each attack's certified 99% bound ``eps_lb`` (every k at 1% / len(ks)), with
       whiskers from ``eps_lb_split_lo`` to ``eps_lb_split_hi`` where the table has them
@@ -48,92 +49,122 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
       the certified bound's counts, at its level;
     - MI, dotted crosses: ``mi_yeom``, the paper's population MI estimate (a point
       estimate, not a bound; negative values are drawn below 0);
-    - black dotted: eps = eps_th (add/remove; MI removes a row), over the finite eps only;
+    - black dotted: eps = eps_th (add/remove; MI removes a row), at the finite eps only;
       grey dash-dot: ``eps_pld_replace``, the cell's eps at the same delta for neighbours
       that differ by replacing one row, as backdoor and ClipBKD's are (PLD,
       dp_accounting's REPLACE_ONE; not 2 eps_th, which group privacy gives only at the
       larger delta (1 + e^eps) delta).
 
-    The y axis is linear within +-0.01 (symlog), so cells that certify nothing sit on 0.
-    The legend sits below the panels, inside the figure."""
+    Each line joins the finite eps_th only; the point at eps_th = inf stands apart. The y
+    axis is linear within +-0.01 (symlog), so cells that certify nothing sit on 0. Data
+    sets in rows, models in columns; the legend sits below the panels, inside the figure."""
     df = read_result_table(table)
-    panels = [(d, a) for d in DATASET_NAMES for a in ARCH_NAMES
-              if ((df.dataset == d) & (df.arch == a)).any()]
-    fig, axes = figure(1, len(panels), squeeze=False, layout="constrained")
+    datasets = [d for d in DATASET_NAMES if (df.dataset == d).any()]
+    archs = [a for a in ARCH_NAMES if (df.arch == a).any()]
+    # data sets in rows, models in columns: a page a report can show at its width
+    fig, grid = figure(len(datasets), len(archs), squeeze=False, layout="constrained")
     split = {"eps_lb_split_lo", "eps_lb_split_hi"} <= set(df.columns)
     y_columns = [c for c in ("eps_lb", "eps_lb_paper_rule", "eps_lb_katz", "eps_lb_bayes",
                              "mi_yeom", "eps_lb_split_lo") if c in df]
     lowest = float(np.nanmin(df[y_columns].to_numpy(float))) if y_columns else 0.0
-    for ax, (dataset, arch) in zip(axes[0], panels):
-        sub = df[(df.dataset == dataset) & (df.arch == arch)]
-        x_all, x_inf = _x_positions(sub.eps_th.to_numpy(float))
-        finite = x_all[x_all < x_inf]
-        if finite.size:
-            line = np.geomspace(max(min(finite.min(), 0.5), 1e-3), finite.max(), 50)
-            ax.plot(line, line, color=COLORS["theory"], lw=1, ls=":",
-                    label="eps = eps_th (add/remove: MI)")
-        rep = sub[sub.attack.isin(REPLACING)].drop_duplicates("eps_th").sort_values("eps_th")
-        if not rep.empty:
-            xr = _x_positions(rep.eps_th.to_numpy(float))[0]
-            ax.plot(xr, np.where(np.isfinite(rep.eps_pld_replace), rep.eps_pld_replace,
-                                 np.nan), color=COLORS["theory"], lw=1, ls="-.", marker="_",
-                    ms=10, alpha=0.6,
-                    label="eps (PLD) for replacing one row: backdoor, ClipBKD")
-        if lowest < 0:
-            ax.axhline(0, color=COLORS["theory"], lw=0.5)
-        for i, (attack, name) in enumerate(ATTACK_NAMES.items()):
-            a = sub[sub.attack == attack].sort_values("eps_th")
-            if a.empty:
+    axes = []
+    for row, dataset in zip(grid, datasets):
+        for ax, arch in zip(row, archs):
+            sub = df[(df.dataset == dataset) & (df.arch == arch)]
+            if sub.empty:
+                ax.set_visible(False)
                 continue
-            x = _x_positions(a.eps_th.to_numpy(float))[0] * 1.06 ** (i - 1)  # no overlap
-            ax.plot(x, a.eps_lb, marker="o", color=COLORS[attack],
-                    label=f"{name}: 99% lower bound" + (" (Bonferroni over k)"
-                                                       if attack in REPLACING else ""))
-            if split:
-                ax.errorbar(x, a.eps_lb, yerr=[np.maximum(a.eps_lb - a.eps_lb_split_lo, 0),
-                                               np.maximum(a.eps_lb_split_hi - a.eps_lb, 0)],
-                            fmt="none", ecolor=COLORS[attack], elinewidth=0.8, capsize=2,
-                            alpha=0.7)
-            for column, marker, label in (
-                    ("eps_lb_katz", "v", "Katz, approximate 99% (not certified)"),
-                    ("eps_lb_bayes", "s", "Bayesian 99% credible interval, lower end")):
-                if column in a:
-                    ax.plot(x, a[column], ls=(0, (4, 2)), lw=0.8, marker=marker, ms=3,
-                            color=COLORS[attack], alpha=0.6, label=f"{name}: {label}")
-            if attack in REPLACING and "eps_lb_paper_rule" in a:
-                ax.plot(x, a.eps_lb_paper_rule, ls="--", lw=1, marker="o", mfc="none",
-                        color=COLORS[attack], alpha=0.7,
-                        label=f"{name}: paper's procedure, best over k (not a 99% bound)")
-            elif "mi_yeom" in a and a.mi_yeom.notna().any():
-                ax.plot(x, a.mi_yeom, ls=":", marker="x", color=COLORS[attack], alpha=0.8,
-                        label=f"{name}: Yeom et al. population estimate (paper's; not a bound)")
-        ax.set_xscale("log")
-        ax.set_yscale("symlog", linthresh=0.01)
-        ax.set_ylim(bottom=1.3 * lowest if lowest < 0 else 0)
-        ticks = sorted(set(np.round(x_all, 2)))
-        ax.set_xticks(ticks, [("inf" if math.isclose(t, x_inf, rel_tol=1e-2) else f"{t:g}")
-                              for t in ticks])
-        ax.minorticks_off()
-        title = f"{DATASET_NAMES[dataset]} {ARCH_NAMES[arch]}"
-        if sub["jpeg_reencoded"].astype(bool).any():
-            title += "\n(JPEG re-encoded CIFAR-10)"
-        ax.set(title=title, xlabel="eps_th (rdp_classic, delta = 1e-5, add/remove)",
-               ylabel="empirical eps (see legend)")
+            axes.append(ax)
+            _fig2_panel(ax, sub, split, lowest)
     handles = {}
-    for ax in axes[0]:  # every entry once, whichever panel drew it
+    for ax in axes:  # every entry once, whichever panel drew it
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     if split:
         handles[SPLIT_LABEL] = Line2D([], [], color="#7f7f7f", marker="|", ms=8, ls="none")
-    # Panels above, the legend below them inside the figure: as many legend columns as
-    # panels (at most 3), the figure as wide and tall as they need.
-    ncol = min(3, len(panels))
-    fig.set_size_inches(max(4.6 * len(panels), 5.6 * ncol),
-                        4.4 + 0.2 * math.ceil(len(handles) / ncol))
+    ncol = min(2, len(archs))
+    fig.set_size_inches(4.6 * len(archs),
+                        3.6 * len(datasets) + 0.2 * math.ceil(len(handles) / ncol))
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=ncol,
                title=f"{int(df.trials.max())} trials per side, half choose the threshold, "
                      "half evaluate it")
     save(fig, out)
+
+
+def _broken_plot(ax, x, y, at_inf, label=None, **kw) -> None:
+    """``ax.plot`` of the finite eps_th joined by a line, the eps_th = inf point apart (the
+    same marker, no line to it: a slope from a finite eps to inf means nothing)."""
+    ax.plot(x[~at_inf], np.asarray(y)[~at_inf], label=label, **kw)
+    if at_inf.any():
+        ax.plot(x[at_inf], np.asarray(y)[at_inf], **{**kw, "ls": "none"},
+                label=None if (~at_inf).any() else label)
+
+
+def _fig2_panel(ax, sub, split: bool, lowest: float) -> None:
+    """One (data set, model) panel of :func:`plot_fig2`."""
+    x_all, x_inf = _x_positions(sub.eps_th.to_numpy(float))
+    finite = np.unique(x_all[x_all < x_inf])
+    drawn = [0.0]  # every y drawn, for the top of the panel
+    if finite.size:  # at the finite eps_th only: every point at a labelled tick
+        ax.plot(finite, finite, color=COLORS["theory"], lw=1, ls=":", marker="_", ms=10,
+                label="eps = eps_th (add/remove: MI)")
+        drawn += list(finite)
+    rep = sub[sub.attack.isin(REPLACING)].drop_duplicates("eps_th").sort_values("eps_th")
+    if np.isfinite(rep.eps_pld_replace).any():  # none without noise
+        xr = _x_positions(rep.eps_th.to_numpy(float))[0]
+        yr = np.where(np.isfinite(rep.eps_pld_replace), rep.eps_pld_replace, np.nan)
+        ax.plot(xr, yr, color=COLORS["theory"], lw=1, ls="-.", marker="_", ms=10, alpha=0.6,
+                label="eps (PLD) for replacing one row: backdoor, ClipBKD")
+        drawn += list(yr)
+    if lowest < 0:
+        ax.axhline(0, color=COLORS["theory"], lw=0.5)
+    for i, (attack, name) in enumerate(ATTACK_NAMES.items()):
+        a = sub[sub.attack == attack].sort_values("eps_th")
+        if a.empty:
+            continue
+        x = _x_positions(a.eps_th.to_numpy(float))[0] * 1.06 ** (i - 1)  # no overlap
+        at_inf = ~np.isfinite(a.eps_th.to_numpy(float))
+        _broken_plot(ax, x, a.eps_lb, at_inf, marker="o", color=COLORS[attack],
+                     label=f"{name}: 99% lower bound" + (" (Bonferroni over k)"
+                                                         if attack in REPLACING else ""))
+        drawn += list(a.eps_lb)
+        if split:
+            ax.errorbar(x, a.eps_lb, yerr=[np.maximum(a.eps_lb - a.eps_lb_split_lo, 0),
+                                           np.maximum(a.eps_lb_split_hi - a.eps_lb, 0)],
+                        fmt="none", ecolor=COLORS[attack], elinewidth=0.8, capsize=2,
+                        alpha=0.7)
+            drawn += list(a.eps_lb_split_hi)
+        for column, marker, label in (
+                ("eps_lb_katz", "v", "Katz, approximate 99% (not certified)"),
+                ("eps_lb_bayes", "s", "Bayesian 99% credible interval, lower end")):
+            if column in a:
+                _broken_plot(ax, x, a[column], at_inf, ls=(0, (4, 2)), lw=0.8, marker=marker,
+                             ms=3, color=COLORS[attack], alpha=0.6, label=f"{name}: {label}")
+                drawn += list(a[column])
+        if attack in REPLACING and "eps_lb_paper_rule" in a:
+            _broken_plot(ax, x, a.eps_lb_paper_rule, at_inf, ls="--", lw=1, marker="o",
+                         mfc="none", color=COLORS[attack], alpha=0.7,
+                         label=f"{name}: paper's procedure, best over k (not a 99% bound)")
+            drawn += list(a.eps_lb_paper_rule)
+        elif "mi_yeom" in a and a.mi_yeom.notna().any():
+            _broken_plot(ax, x, a.mi_yeom, at_inf, ls=":", marker="x", color=COLORS[attack],
+                         alpha=0.8, label=f"{name}: Yeom et al. population estimate (paper's; "
+                                          "not a bound)")
+            drawn += list(a.mi_yeom)
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=0.01)
+    # headroom above the highest marker (symlog: a factor, not an offset)
+    ax.set_ylim(bottom=1.3 * lowest if lowest < 0 else 0,
+                top=1.6 * max(float(np.nanmax(drawn)), 0.01))
+    ticks = sorted(set(np.round(x_all, 2)))
+    ax.set_xticks(ticks, [("inf" if math.isclose(t, x_inf, rel_tol=1e-2) else f"{t:g}")
+                          for t in ticks])
+    ax.minorticks_off()
+    title = f"{DATASET_NAMES[sub.dataset.iloc[0]]} {ARCH_NAMES[sub.arch.iloc[0]]}"
+    if sub["jpeg_reencoded"].astype(bool).any():
+        title += " (JPEG re-encoded)"
+    ax.set(title=title, xlabel="eps_th (moments accountant, delta = 1e-5, add/remove)",
+           ylabel="empirical eps (see legend)")
 
 
 def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:

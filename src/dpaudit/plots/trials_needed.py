@@ -59,6 +59,8 @@ def plot_trials_needed(table: str | os.PathLike, summary: str | os.PathLike,
             ax.fill_between(med.index, lo[method], hi[method], color=color, alpha=0.12, lw=0)
             if not math.isnan(n_need):
                 ax.axvline(n_need, color=color, ls=ls, lw=0.8, alpha=0.5)
+        # A band of zero width does not show: the title says so, not the empty legend.
+        flat = [m for m in METHODS if np.allclose(lo[m], hi[m], rtol=0, atol=1e-9)]
         if math.isnan(target):
             ax.text(0.5, 0.5, "certified bound 0 at the full count: no target",
                     transform=ax.transAxes, ha="center", fontsize=8)
@@ -72,12 +74,18 @@ def plot_trials_needed(table: str | os.PathLike, summary: str | os.PathLike,
         ax.set_title(f"{DATASET_NAMES.get(d['dataset'], d['dataset'])} "
                      f"{ARCH_NAMES.get(d['arch'], d['arch'])} "
                      f"{ATTACK_NAMES.get(d['attack'], d['attack'])}\nC = {float(d['clip']):g}, "
-                     f"{d['init']} init, eps_th label {eps_label(d['eps_label'])}", fontsize=9)
+                     f"{d['init']} init, eps_th label {eps_label(d['eps_label'])}"
+                     + ("\nno shaded range: every subsample gives the same values"
+                        if len(flat) == len(METHODS) else
+                        "".join(f"\n{METHODS[m]}: every subsample the same" for m in flat)),
+                     fontsize=9)
         ax.set(xlabel="trials per side (half choose the threshold, half evaluate it)",
                ylabel=f"eps: median over {grp.subsample.nunique()} subsamples")
         ax.set_ylim(bottom=0, top=top)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7)
+    # two short lines, above the tallest panel title: no wider than one panel
     fig.suptitle(f"Trials needed: level {1 - alpha:.0%} (Bonferroni over k); shaded: 25-75% "
-                 f"of the subsamples; vertical lines: where each median reaches the common "
-                 f"target", fontsize=9, y=1.04)
+                 f"of the subsamples\nvertical lines: where each median reaches the common "
+                 f"target", fontsize=9,
+                 y=1.0 + 0.04 * max(ax.get_title().count("\n") + 1 for ax in axes[0]))
     save(fig, out)

@@ -1,0 +1,260 @@
+"""The figures and report captions say what they draw: every legend entry names an artist
+that is drawn, the captions render as Snakemake renders them, and the Abadi, HW3 and
+Jagielski figures keep their markers inside the panels and their lines where they mean
+something."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jinja2
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpaudit.io import read_table, write_table
+
+ROOT = Path(__file__).parents[1]
+
+
+def _capture(monkeypatch, module):
+    """The figures ``module``'s plot functions draw, instead of saved (left open)."""
+    figures = []
+    monkeypatch.setattr(module, "save", lambda fig, out: figures.append(fig))
+    return figures
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())  # legend_below wraps labels at spaces
+
+
+def _drawn(fig) -> dict[str, list]:
+    """label -> the artists carrying it that show at least one finite point."""
+    drawn: dict[str, list] = {}
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        for line in ax.get_lines():
+            xy = np.asarray(line.get_xydata(), float)
+            if line.get_visible() and np.isfinite(xy).all(axis=1).any():
+                drawn.setdefault(_words(line.get_label()), []).append(line)
+    return drawn
+
+
+def _legend_labels(fig) -> list[str]:
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    return [_words(t.get_text()) for leg in legends for t in leg.get_texts()]
+
+
+def _assert_legend_is_drawn(fig, proxies=()) -> None:
+    drawn = _drawn(fig)
+    for label in _legend_labels(fig):
+        assert label in drawn or label in map(_words, proxies), label
+
+
+# ------------------------------------------------------------------------------ Abadi
+
+def _abadi_table(path, reach: dict[str, bool]) -> None:
+    """A fig3 accuracy table: one level per ``reach`` entry, whose eps reaches its target
+    (or stays at half of it) by the last of 4 epochs."""
+    from dpaudit.experiments.abadi import COLUMNS, PAPER
+
+    rows = []
+    for level, reached in reach.items():
+        target = PAPER["fig3"][level]["eps"]
+        for epoch in range(5):
+            rows.append({"figure": "fig3", "dataset": "fmnist", "level": level,
+                         "sigma": PAPER["fig3"][level]["sigma"],
+                         "sigma_pca": PAPER["fig3"][level]["sigma_pca"], "lot_size": 100,
+                         "n_train": 2000, "epoch": epoch, "steps": 20 * epoch, "lr": 0.1,
+                         "train_acc": 0.1 + 0.2 * epoch, "test_acc": 0.1 + 0.18 * epoch,
+                         "eps": target * epoch / 4 * (1.0 if reached else 0.5),
+                         "delta": 1e-5, "accountant": "rdp_classic", "eps_target": target,
+                         "seed": 0, "pretrained_on": None})
+    write_table(pd.DataFrame(rows, columns=COLUMNS), path, {})
+
+
+@pytest.mark.parametrize("reach", [{"large": False, "medium": False},
+                                   {"large": True, "medium": False}])
+def test_abadi_legend_names_the_star_only_where_a_panel_draws_it(tmp_path, monkeypatch,
+                                                                  reach):
+    from dpaudit.plots import abadi
+
+    figures = _capture(monkeypatch, abadi)
+    _abadi_table(tmp_path / "acc.csv", reach)
+    abadi.plot_abadi(tmp_path / "acc.csv", "fig3", tmp_path / "fig.pdf")
+    fig = figures[0]
+    _assert_legend_is_drawn(fig)
+    stars = [lab for lab in _legend_labels(fig) if "paper's test accuracy" in lab]
+    assert len(stars) == any(reach.values())
+    # the right axis names the accountant, not its key; the final numbers sit in the titles
+    right = [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel().startswith("$\\vareps")]
+    assert right and "rdp_classic" not in right[0] and "moments accountant" in right[0]
+    titles = [ax.get_title() for ax in fig.axes[:len(reach)]]
+    eps = 0.5 if reach["large"] else 0.25  # large: target 0.5, reached or half of it
+    assert f"epoch 4: test 82.0%, $\\varepsilon$ = {eps:.2f}" in titles[0]
+    assert not [t for ax in fig.axes for t in ax.texts if "test" in t.get_text()]
+
+
+def test_abadi_fig2_legend_says_which_strong_composition_is_sound(tmp_path, monkeypatch):
+    from dpaudit.plots import accounting
+
+    rows = [{"method": m, "epochs": e, "eps": 1.0 + i + e, "sample_rate": 0.01, "sigma": 4.0,
+             "delta": 1e-5} for i, m in enumerate(accounting._ABADI) for e in (1, 2)]
+    write_table(pd.DataFrame(rows), tmp_path / "f2.csv", {})
+    figures = _capture(monkeypatch, accounting)
+    accounting.plot_abadi_fig2(tmp_path / "f2.csv", tmp_path / "f2.pdf")
+    labels = _legend_labels(figures[0])
+    _assert_legend_is_drawn(figures[0])
+    by_style = {line.get_label(): line.get_linestyle()
+                for line in figures[0].axes[0].get_lines()}
+    sound = [lab for lab in labels if "sound version" in lab]
+    paper = [lab for lab in labels if "the paper's line" in lab]
+    assert len(sound) == len(paper) == 1
+    assert "not a sound bound" in paper[0]
+    assert {by_style[k] for k in by_style if "sound version" in _words(k)} == {"--"}
+
+
+# ------------------------------------------------------------------------------ HW3
+
+def _hw3_table(path, pure_offset: float) -> None:
+    rows = []
+    for cal in ("classical", "analytic"):
+        for eps in (1.0, 4.0):
+            for rep in range(2):
+                lb = 0.3 * eps + 0.01 * rep
+                rows.append({"calibration": cal, "eps": eps, "m": 1000, "d": 100,
+                             "repeat": rep, "delta": 1e-5, "beta": 0.05, "eps_lb": lb,
+                             "eps_lb_fdp": lb + 0.002, "eps_lb_pure": lb + pure_offset,
+                             "eps_lb_pure_hoeffding": 0.5 * lb, "eps_hat_max": 1.2 * lb,
+                             "true_eps": eps})
+    write_table(pd.DataFrame(rows), path, {})
+
+
+@pytest.mark.parametrize("pure_offset", [0.004, 0.5])
+def test_hw3_legend_colours_match_every_panel_and_say_what_hides(tmp_path, monkeypatch,
+                                                                 pure_offset):
+    from matplotlib.colors import to_hex
+
+    from dpaudit.plots import hw3
+
+    _hw3_table(tmp_path / "t.csv", pure_offset)
+    figures = _capture(monkeypatch, hw3)
+    hw3.plot_grid(tmp_path / "t.csv", "eps", tmp_path / "f.pdf")
+    fig = figures[0]
+    _assert_legend_is_drawn(fig)
+    drawn = _drawn(fig)
+    legend = fig.legends[0]
+    for handle, text in zip(legend.legend_handles, legend.get_texts()):
+        colours = {to_hex(line.get_color()) for line in drawn[_words(text.get_text())]}
+        assert colours == {to_hex(handle.get_color())}, text.get_text()  # every panel
+    hidden = [lab for lab in _legend_labels(fig) if "within 0.01 of the thick line" in lab]
+    # f-DP is 0.002 above the bound everywhere; pure-eps only in the first table
+    assert len(hidden) == (2 if pure_offset < 0.01 else 1)
+
+
+# ------------------------------------------------------------------------------ Jagielski
+
+@pytest.fixture
+def quick_fig2(tmp_path):
+    """The reference Figure 2 table at the quick grid's eps labels (4 and inf)."""
+    df, meta = read_table(ROOT / "reference/jagielski_fig2.csv")
+    df = df[df.eps_label.isin([4.0, math.inf])]
+    assert len(df) == 2 * 2 * 2 * 3  # data sets x models x eps x attacks
+    write_table(df, tmp_path / "fig2.csv", meta)
+    return tmp_path / "fig2.csv", df
+
+
+def test_jagielski_fig2_breaks_lines_at_inf_and_keeps_markers_inside(quick_fig2, tmp_path,
+                                                                      monkeypatch):
+    from dpaudit.plots import jagielski
+
+    table, df = quick_fig2
+    figures = _capture(monkeypatch, jagielski)
+    jagielski.plot_fig2(table, tmp_path / "f.pdf")
+    fig = figures[0]
+    _assert_legend_is_drawn(fig, proxies=[jagielski.SPLIT_LABEL])
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 4 and len({ax.get_position().x0 for ax in panels}) == 2  # 2 x 2
+    for ax in panels:
+        ticks = dict(zip(ax.get_xticks(), (t.get_text() for t in ax.get_xticklabels())))
+        x_inf = next(x for x, t in ticks.items() if t == "inf")
+        top = ax.get_ylim()[1]
+        for line in ax.get_lines():
+            xy = np.asarray(line.get_xydata(), float)
+            xy = xy[np.isfinite(xy).all(axis=1)]
+            if not len(xy):
+                continue
+            assert xy[:, 1].max() < top, line.get_label()  # not clipped at the top
+            at_inf = np.isclose(xy[:, 0], x_inf, rtol=0.15)
+            if line.get_linestyle() not in ("None", "none", " ", ""):
+                assert at_inf.all() or not at_inf.any(), line.get_label()  # no slope to inf
+        reference = [line for line in ax.get_lines() if line.get_label().startswith("eps = ")]
+        for x in reference[0].get_xdata():  # the eps = eps_th line at labelled eps_th only
+            assert any(math.isclose(x, t, rel_tol=1e-2) for t in ticks), x
+    fig.canvas.draw()
+    width, height = fig.get_size_inches() * 200  # savefig.dpi
+    assert width < 2100 and height < 2000
+
+
+# ------------------------------------------------------------------------------ captions
+
+class _Snake:
+    def __init__(self, config: dict, **wildcards):
+        self.config = config
+        self.wildcards = type("W", (), wildcards)
+
+
+def _caption(name: str, config: dict, **wildcards) -> str:
+    """The caption as Snakemake renders it (trim_blocks, lstrip_blocks)."""
+    text = (ROOT / "workflow/report" / name).read_text()
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    return _words(env.from_string(text).render(snakemake=_Snake(config, **wildcards)))
+
+
+@pytest.fixture(scope="module")
+def quick_config():
+    import yaml
+
+    def merge(base, over):
+        for k, v in over.items():
+            base[k] = merge(base.get(k, {}), v) if isinstance(v, dict) else v
+        return base
+
+    config = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    return merge(config, yaml.safe_load((ROOT / "config/quick.yaml").read_text()))
+
+
+def test_abadi_captions_describe_their_own_figure(quick_config):
+    fig3 = _caption("abadi.rst", quick_config, figure="fig3")
+    fig6 = _caption("abadi.rst", quick_config, figure="fig6")
+    assert "DP-PCA included" in fig3 and "DP-PCA" not in fig6
+    for text in (fig3, fig6):
+        assert "epochs). Training accuracy" in text, text
+
+
+def test_onerun_and_table2_captions_name_what_is_shown(quick_config):
+    onerun = _caption("onerun_dpsgd.rst", quick_config)
+    assert f"up to m = {quick_config['onerun']['m']} canaries per run" in onerun
+    assert "results/jagielski_table2.html" in _caption("jagielski_table2_table.rst",
+                                                       quick_config)
+
+
+def test_trials_needed_title_says_where_no_range_is_shaded(tmp_path, monkeypatch):
+    """The reference study: at eps_th inf ClipBKD separates every draw perfectly (each
+    method's quartiles are equal at every n), at 8 it does not."""
+    from dpaudit.plots import trials_needed
+
+    table, _ = read_table(ROOT / "reference/trials_needed.csv")
+    spread = table.groupby(["eps_label", "n"]).eps_lb.agg(lambda v: v.max() - v.min())
+    assert spread.loc[math.inf].max() == 0 and spread.loc[8.0].max() > 0
+    figures = _capture(monkeypatch, trials_needed)
+    trials_needed.plot_trials_needed(ROOT / "reference/trials_needed.csv",
+                                     ROOT / "reference/trials_needed_summary.csv",
+                                     tmp_path / "f.pdf")
+    fig = figures[0]
+    _assert_legend_is_drawn(fig)
+    titles = {ax.get_title().split("label ")[1].split("\n")[0]: ax.get_title()
+              for ax in fig.axes}
+    assert "no shaded range" in titles["inf"] and "no shaded range" not in titles["8"]
