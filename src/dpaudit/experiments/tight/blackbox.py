@@ -50,9 +50,12 @@ INITS = ("worst-case", "glorot")
 CANARIES = ("blank", "clipbkd")
 THREAT_MODEL = "black-box"
 RELATION = "add/remove"
-#: Pre-training of the worst-case init (the paper's MNIST setting: plain SGD, lr 0.01,
-#: batch 32, 5 epochs, on half of the training set).
-PRETRAIN = {"epochs": 5, "batch_size": 32, "lr": 0.01}
+#: Pre-training of the worst-case init: plain SGD, batch 32 as the paper's MNIST setting,
+#: but 50 epochs at lr 0.1 where it trains 5 at 0.01 on 30,000 rows: on FMNIST's 3,000
+#: rows its setting leaves the model unsure of the data, whose gradients then answer the
+#: noise and hide the canary (FMNIST logistic regression at eps 10, 200 runs per side, the
+#: same seeds: AUC 0.80 against 0.89, certified eps_lb 0.05 against 1.02).
+PRETRAIN = {"epochs": 50, "batch_size": 32, "lr": 0.1}
 #: A clipping norm no per-example gradient of these models reaches: pre-training is plain SGD.
 _NO_CLIP = 1e12
 
@@ -205,6 +208,8 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     if isinstance(runs, bool) or int(runs) != runs or runs < 4:
         raise ValueError(f"runs={runs!r}: must be an integer >= 4 (per side; half choose "
                          f"the threshold, half evaluate it)")
+    if canary_kind not in CANARIES:
+        raise ValueError(f"canary kind={canary_kind!r}: must be one of {CANARIES}")
     if not isinstance(setting, FullBatch):
         raise ValueError(f"setting: must be a FullBatch, not {type(setting).__name__}")
     say = log or (lambda msg: None)
