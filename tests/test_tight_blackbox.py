@@ -67,18 +67,18 @@ def test_one_step_moves_the_canary_margin_by_the_clipped_gradient():
 
 
 def test_certified_bounds_never_exceed_the_theory(audits):
-    """Soundness: every certified eps_lb below eps_th (and the tight eps_pld), every
+    """Soundness: every certified eps_lb below eps_th (the tight PLD eps, below eps_rdp), every
     mu_lb below the exact sqrt(steps) / sigma; the audit is no vacuous one."""
     for sigma, rows in audits.items():
         for row in rows:
             assert row["relation"] == "add/remove" and row["threat_model"] == "black-box"
-            assert row["eps_pld"] <= row["eps_th"]
+            assert row["eps_th"] <= row["eps_rdp"]
             assert row["runs"] == RUNS
             if row["certified"]:
-                assert row["eps_lb"] <= row["eps_pld"], (sigma, row)
+                assert row["eps_lb"] <= row["eps_th"], (sigma, row)
             assert row["mu_lb"] <= math.sqrt(STEPS) / sigma, (sigma, row)
         ref = bounds.eps_from_mu(math.sqrt(STEPS) / sigma, 1e-5)
-        assert abs(rows[0]["eps_pld"] - ref) < 0.05 * ref  # PLD is tight at rate 1
+        assert abs(rows[0]["eps_th"] - ref) < 0.05 * ref  # PLD is tight at rate 1
     strong = _row(audits[1.0], "worst-case")
     assert strong["eps_lb"] > 1.5 and strong["mu_lb"] > 1.5
     # weaker noise certifies more

@@ -15,8 +15,9 @@ rate 1): ``theta_{t+1} = theta_t - eta (sum_{i in D} clip_C(grad_i) + N(0, sigma
 for ``steps`` steps, the sum scaled by a step size ``eta`` that does not depend on |D|
 (:class:`FullBatch`), so the analysis of add/remove neighbours applies unchanged. D0 is
 the audited rows, D1 the same rows plus the canary: add/remove neighbours, drawn against
-the add/remove eps (``eps_th``: ``rdp_classic`` as elsewhere in the project; ``eps_pld``
-the tight accountant). With sample rate 1 the mechanism is exactly ``mu``-GDP with
+the add/remove eps (``eps_th``: the PLD accountant's, the tightest upper bound, as in
+:mod:`.whitebox`, so a certified bound above it refutes the guarantee; ``eps_rdp``
+Jagielski et al.'s ``rdp_classic`` beside it). With sample rate 1 the mechanism is exactly ``mu``-GDP with
 ``mu = sqrt(steps) / sigma`` (adaptive composition of Gaussian mechanisms of sensitivity C,
 Dong, Roth and Su 2022), the reference the simulation tests draw ``mu_lb`` against.
 
@@ -90,9 +91,10 @@ class FullBatch:
                                  "fixed" if init == "worst-case" else "glorot")
 
     def epsilons(self, delta: float) -> dict:
-        """``eps_th`` (``rdp_classic``), ``eps_pld`` of add/remove neighbours at sample rate 1."""
+        """``eps_th`` (PLD) and ``eps_rdp`` (``rdp_classic``) of add/remove neighbours at
+        sample rate 1."""
         eps = accounting.dpsgd_epsilons(self.noise_multiplier, 1.0, self.steps, delta)
-        return {"eps_th": eps["eps_th"], "eps_pld": eps["eps_pld"]}
+        return {"eps_th": eps["eps_pld"], "eps_rdp": eps["eps_th"]}
 
 
 def split(task: jagielski.Task, n_aux: int | None = None, n: int | None = None
@@ -198,7 +200,7 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     """The black-box audit: ``runs`` models per side (D0 = the audited rows, D1 = them plus
     the canary) for every init of ``inits``. Returns one row per init and bound kind
     (certified Clopper-Pearson, then the GDP estimate), each with ``method``,
-    ``threat_model``, ``relation``, ``eps_th`` (add/remove), ``eps_pld``, ``eps_lb``,
+    ``threat_model``, ``relation``, ``eps_th`` (add/remove, PLD), ``eps_rdp``, ``eps_lb``,
     ``certified``, ``runs`` (per side), ``mu_lb``, ``eps_lb_gdp``, ``tpr``, ``fpr``, ``auc``
     (the evaluation half), and what they were trained with. ``models_per_s``: training
     speed of the audit runs (both sides, every init)."""
