@@ -66,20 +66,21 @@ FMNIST = Path("/usr/share/datasets/fashion-mnist")
 N, D, H, B, LR, CLIP, SIGMA = 6000, 784, 32, 250, 0.15, 1.0, 1.01
 
 
-def load_data():
-    """FMNIST classes 0/1, a random half (as make_new.py), or random data of that shape."""
+def load_data(n: int = N):
+    """``n`` seeded FMNIST images of classes 0/1 (``N``: a random half, as make_new.py), or
+    random data of that shape."""
     try:
         with gzip.open(FMNIST / "train-images-idx3-ubyte.gz") as f:
             x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, D)
         with gzip.open(FMNIST / "train-labels-idx1-ubyte.gz") as f:
             y = np.frombuffer(f.read(), np.uint8, offset=8)
         keep = np.flatnonzero(y < 2)
-        keep = keep[np.random.default_rng(0).choice(len(keep), N, replace=False)]
+        keep = keep[np.random.default_rng(0).choice(len(keep), n, replace=False)]
         return (torch.tensor(x[keep] / 255.0, dtype=torch.float32),
                 torch.tensor(y[keep].astype(np.int64)), "FMNIST 0/1")
     except FileNotFoundError:
         g = torch.Generator().manual_seed(0)
-        return torch.rand(N, D, generator=g), torch.randint(0, 2, (N,), generator=g), "random"
+        return torch.rand(n, D, generator=g), torch.randint(0, 2, (n,), generator=g), "random"
 
 
 def _module():

@@ -18,7 +18,7 @@ counts every column's model. Random data of that shape where FMNIST is not insta
 from __future__ import annotations
 
 import argparse
-import gzip
+import sys
 import time
 from pathlib import Path
 
@@ -29,25 +29,16 @@ from dpaudit import dpsgd
 from dpaudit.experiments import jagielski
 from dpaudit.experiments.tight import blackbox
 
-FMNIST = Path("/usr/share/datasets/fashion-mnist")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_dpsgd import load_data  # noqa: E402  (the FMNIST 0/1 images, or random data)
+
 N_AUX, N, D, STEPS, LR, CLIP, SIGMA = 3000, 1000, 784, 100, 1e-4, 1.0, 5.0
 
 
 def load_task() -> tuple[jagielski.Task, str]:
     """FMNIST classes 0/1, a seeded random order (only X and y are used), or random data."""
-    try:
-        with gzip.open(FMNIST / "train-images-idx3-ubyte.gz") as f:
-            x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, D)
-        with gzip.open(FMNIST / "train-labels-idx1-ubyte.gz") as f:
-            y = np.frombuffer(f.read(), np.uint8, offset=8)
-        keep = np.flatnonzero(y < 2)
-        keep = keep[np.random.default_rng(0).choice(len(keep), N_AUX + N, replace=False)]
-        X, y, source = (x[keep] / 255.0).astype(np.float32), y[keep].astype(np.int64), \
-            "FMNIST 0/1"
-    except FileNotFoundError:
-        rng = np.random.default_rng(0)
-        X = rng.random((N_AUX + N, D), dtype=np.float32)
-        y, source = rng.integers(0, 2, N_AUX + N), "random data"
+    X, y, source = load_data(N_AUX + N)
+    X, y = X.numpy(), y.numpy()
     empty = np.zeros((0, D), np.float32)
     none = np.zeros(0, np.int64)
     return jagielski.Task(X, y, empty, none, empty, none, empty, none,
