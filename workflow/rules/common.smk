@@ -53,11 +53,23 @@ os.environ.update(
 # (each SLURM job gets a GPU of its own), profiles/slurm-cpu 0.  Without GPUs the training
 # jobs run as CPU jobs, as many at once as the cores allow.  Jobs of a local run learn
 # how many share their card from DPAUDIT_JOBS_PER_GPU (dpaudit.device.jobs_per_gpu).
-if "gpu" not in workflow.global_resources:
-    workflow.register_resource("gpu", torch.cuda.device_count() * config["jobs_per_gpu"])
-GPU_PER_JOB = 1 if workflow.global_resources["gpu"].value else 0
-if workflow.local_exec:
-    os.environ.update(DPAUDIT_JOBS_PER_GPU=str(config["jobs_per_gpu"]))
+# A cluster job runs this file again in its own Snakemake (`--mode remote`, inside it a
+# local executor), without the run's `--resources`: it takes the submitting host's
+# decision from RUN_GPUS_VAR (SLURM jobs inherit the environment), so that a job that
+# reserved a GPU keeps `--device cuda`, and has its GPU to itself (no DPAUDIT_JOBS_PER_GPU).
+RUN_GPUS_VAR = "DPAUDIT_RUN_HAS_GPUS"
+if workflow.remote_exec:
+    GPU_PER_JOB = int(os.environ.get(RUN_GPUS_VAR) or torch.cuda.device_count() > 0)
+    if "gpu" not in workflow.global_resources:
+        workflow.register_resource("gpu", GPU_PER_JOB)
+    os.environ.pop("DPAUDIT_JOBS_PER_GPU", None)
+else:
+    if "gpu" not in workflow.global_resources:
+        workflow.register_resource("gpu", torch.cuda.device_count() * config["jobs_per_gpu"])
+    GPU_PER_JOB = 1 if workflow.global_resources["gpu"].value else 0
+    os.environ[RUN_GPUS_VAR] = str(GPU_PER_JOB)
+    if workflow.local_exec:
+        os.environ.update(DPAUDIT_JOBS_PER_GPU=str(config["jobs_per_gpu"]))
 
 
 def job_device(setting):
