@@ -190,15 +190,15 @@ def test_training_jobs_without_gpus_run_as_cpu_jobs(tmp_path):
         assert seen == set(GPU_RULES)
 
 
-def _fake_slurm(bin_dir: Path) -> None:
-    """An sbatch that records its command line and refuses the job, an sacctmgr that
-    knows the account, and SLURM query tools that fail."""
+def _fake_slurm(bin_dir: Path, refusal: str = "test: not submitted") -> None:
+    """An sbatch that records its command line and refuses the job saying `refusal`, an
+    sacctmgr that knows the account, and SLURM query tools that fail."""
     bin_dir.mkdir()
     for tool in ("sinfo", "sacct", "squeue", "sshare", "scontrol", "scancel"):
         (bin_dir / tool).write_text("#!/bin/sh\nexit 1\n")
     (bin_dir / "sacctmgr").write_text("#!/bin/sh\necho acct\n")
     (bin_dir / "sbatch").write_text('#!/bin/sh\necho "sbatch $*" >> "$SBATCH_LOG"\n'
-                                    'echo "test: not submitted" >&2\nexit 1\n')
+                                    f'echo "{refusal}" >&2\nexit 1\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
 
@@ -244,6 +244,26 @@ def test_sbatch_lines_keep_the_gpu_under_overrides(tmp_path):
         assert "--cpus-per-task=2" in args, (rule, args)
     assert calls["jagielski_task"][calls["jagielski_task"].index("-t") + 1] == "123"
     assert calls["tramer_audit"][calls["tramer_audit"].index("-t") + 1] == "10"
+
+
+def test_gpu_profile_on_a_cluster_without_gpus_points_at_the_cpu_profile(tmp_path):
+    """profiles/slurm where SLURM refuses `--gpus=1` (its words, from a stubbed sbatch): the
+    run ends with a line naming profiles/slurm-cpu and the GPU partition variable, not
+    only Snakemake's "command exited with non-zero exit code"."""
+    pytest.importorskip(PLUGIN, reason=NO_PLUGIN)
+    run = tmp_path / "run"
+    (run / "results/data").mkdir(parents=True)
+    (run / "results/data/cifar.csv").write_text("")
+    _fake_slurm(tmp_path / "bin", "sbatch: error: Batch job submission failed: Invalid "
+                                  "generic resource (gres) specification")
+    env = {**os.environ, **SITE, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+           "SBATCH_LOG": str(tmp_path / "sbatch.log")}
+    out = snakemake_env(env, "--profile", str(ROOT / "profiles/slurm"), "--directory", str(run),
+                        "--configfile", str(ROOT / "config/quick.yaml"), "--",
+                        "results/jagielski/task_cifar.npz")
+    assert out.returncode != 0 and "--gpus=1" in (tmp_path / "sbatch.log").read_text()
+    assert "dpaudit: SLURM refused a job's GPU (--gpus=1): this cluster or partition has no " \
+           "GPUs. Run with --profile profiles/slurm-cpu" in out.stderr
 
 
 def test_logged_keeps_the_log_of_a_failed_attempt(tmp_path):
