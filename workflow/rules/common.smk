@@ -89,6 +89,10 @@ MIN_MINUTES = 10
 # Covers a GPU up to 5 times slower than the H100 the GPU speeds come from, and CPU cores
 # up to 3 times slower than the 2 the CPU speeds come from.
 MARGIN = {"gpu": 5, "cpu": 3}
+# The pretrainings keep no partial progress: stopped at their limit, they start over, so
+# their limits have RESTART_MARGIN times the margin.
+RESTARTS = ("jagielski_task", "abadi_features")
+RESTART_MARGIN = 2
 # CUDA's libraries and context in host memory (an allowance: the GPU run measured only the
 # GPU's memory).
 CUDA_HOST_MB = 4000
@@ -108,9 +112,10 @@ def job(mem_mb, cpu_s, gpu_s=None, per=None, gpu=None):
     uses_gpu = lambda wc: GPU_PER_JOB if gpu_s and (gpu is None or gpu(wc)) else 0
     kind = lambda wc: "gpu" if uses_gpu(wc) else "cpu"
 
-    def runtime(wildcards, attempt):
+    def runtime(wildcards, attempt, rulename):
         seconds = (per(wildcards) if per else 1) * (gpu_s if uses_gpu(wildcards) else cpu_s)
-        return attempt * max(MIN_MINUTES, math.ceil(MARGIN[kind(wildcards)] * seconds / 60))
+        margin = MARGIN[kind(wildcards)] * (RESTART_MARGIN if rulename in RESTARTS else 1)
+        return attempt * max(MIN_MINUTES, math.ceil(margin * seconds / 60))
 
     resources = {"runtime": runtime, "mem_mb": lambda wc: mem_mb + CUDA_HOST_MB * uses_gpu(wc)}
     if gpu_s:
