@@ -56,13 +56,13 @@ os.environ.update(
 # A cluster job runs this file again in its own Snakemake (`--mode remote`, inside it a
 # local executor), without the run's `--resources`: it takes the submitting host's
 # decision from RUN_GPUS_VAR (SLURM jobs inherit the environment), so that a job that
-# reserved a GPU keeps `--device cuda`, and has its GPU to itself (no DPAUDIT_JOBS_PER_GPU).
+# reserved a GPU keeps `--device cuda`, and has its GPU to itself: DPAUDIT_JOBS_PER_GPU
+# is not set (a site that shards GPUs exports it itself: docs/scale.md, SLURM).
 RUN_GPUS_VAR = "DPAUDIT_RUN_HAS_GPUS"
 if workflow.remote_exec:
     GPU_PER_JOB = int(os.environ.get(RUN_GPUS_VAR) or torch.cuda.device_count() > 0)
     if "gpu" not in workflow.global_resources:
         workflow.register_resource("gpu", GPU_PER_JOB)
-    os.environ.pop("DPAUDIT_JOBS_PER_GPU", None)
 else:
     if "gpu" not in workflow.global_resources:
         workflow.register_resource("gpu", torch.cuda.device_count() * config["jobs_per_gpu"])
