@@ -107,30 +107,6 @@ rule reference:
 
 
 
-# A target that no rule makes and no file is: name what can be asked for, instead of
-# Snakemake's bare MissingRuleException.  Snakemake hands the workflow its targets only
-# after this file has run, so they are read from its command line.  (A target that reads
-# as a config file is refused by Snakemake before this file runs: README, Run, on `--`.)
-def _unknown_targets():
-    from snakemake.cli import parse_args
 
-    argv0 = sys.argv[0] if sys.argv else ""
-    if workflow.remote_exec or "snakemake" not in argv0:  # a job, or the API
-        return []
-    try:
-        targets = parse_args(sys.argv[1:])[1].targets or []
-    except SystemExit:
-        return []
-    names = {rule.name for rule in workflow.rules}
-    return sorted(t for t in targets if t not in names and not os.path.exists(t)
-                  and not any(rule.is_producer(t) for rule in workflow.rules))
-
-
-if _unknown_targets():
-    raise WorkflowError(
-        f"no rule makes {', '.join(_unknown_targets())}: a target is a name ("
-        + ", ".join(sorted(r.name for r in workflow.rules if not r.output))
-        + "), a figure ("
-        + ", ".join(sorted(FIGURES))
-        + ") or any other file a rule writes (README, Run)"
-    )
+# Last, when every rule is known: a target that no rule makes (common.smk).
+check_targets()

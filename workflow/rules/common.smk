@@ -186,3 +186,32 @@ def spec(*keys, **extra):
     for key in keys:
         section = section[key]
     return quoted_json({**section, **extra})
+
+
+# A target that no rule makes, and that is no file, stops the run naming what can be
+# asked for, instead of Snakemake's bare MissingRuleException.  Snakemake hands the workflow its targets only
+# after the Snakefile has run, so they are read from its command line.  (A target that
+# reads as a config file is refused by Snakemake before the Snakefile runs: README, Run,
+# on `--`.)
+def check_targets():
+    """Called at the end of the Snakefile, when every rule is defined."""
+    from snakemake.cli import parse_args
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    if workflow.remote_exec or "snakemake" not in argv0:  # a job, or the API
+        return
+    try:
+        targets = parse_args(sys.argv[1:])[1].targets or []
+    except SystemExit:
+        return
+    names = {found.name for found in workflow.rules}
+    unknown = sorted(t for t in targets if t not in names and not os.path.exists(t)
+                     and not any(found.is_producer(t) for found in workflow.rules))
+    if unknown:
+        raise WorkflowError(
+            f"{', '.join(unknown)}: no rule makes it. A target is a name ("
+            + ", ".join(sorted(found.name for found in workflow.rules if not found.output))
+            + "), a figure ("
+            + ", ".join(sorted(FIGURES))
+            + ") or any other file a rule writes (README, Run)"
+        )
