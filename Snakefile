@@ -106,7 +106,5 @@ rule reference:
         "figures/reference/trials_needed.pdf",
 
 
-
-
 # Last, when every rule is known: a target that no rule makes (common.smk).
 check_targets()

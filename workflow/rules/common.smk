@@ -189,10 +189,10 @@ def spec(*keys, **extra):
 
 
 # A target that no rule makes, and that is no file, stops the run naming what can be
-# asked for, instead of Snakemake's bare MissingRuleException.  Snakemake hands the workflow its targets only
-# after the Snakefile has run, so they are read from its command line.  (A target that
-# reads as a config file is refused by Snakemake before the Snakefile runs: README, Run,
-# on `--`.)
+# asked for, instead of Snakemake's bare MissingRuleException.  Snakemake hands the
+# workflow its targets only after the Snakefile has run, so they are read from its
+# command line.  (A target that reads as a config file is refused by Snakemake before
+# the Snakefile runs: README, Run, on `--`.)
 def check_targets():
     """Called at the end of the Snakefile, when every rule is defined."""
     from snakemake.cli import parse_args
