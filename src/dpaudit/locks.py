@@ -10,7 +10,6 @@ so that a second one for the same folder stops at once instead of training into 
 from __future__ import annotations
 
 import fcntl
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -32,24 +31,19 @@ def lock_file(folder: Path) -> Path:
 def hold(folder: Path) -> Iterator[None]:
     """Within this scope this process is the only holder of ``folder``'s lock (an exclusive
     ``fcntl.flock`` on :func:`lock_file`, released by the operating system however the
-    process ends). Held elsewhere: :class:`Busy`, naming the folder and the holder's
-    process id. The file stays after release: removing it would let the next two holders
-    lock two different files of one name."""
+    process ends). Held elsewhere: :class:`Busy`, naming the folder and the lock. The
+    file stays after release, empty (the same bytes after every run): removing it would
+    let the next two holders lock two different files of one name."""
     path = lock_file(folder)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
+    with open(path, "a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "unknown"
-            raise Busy(f"{folder} is being written by another process (pid {holder}, lock "
-                       f"{path}): two runs in one folder would retrain and delete each "
-                       "other's results; wait for that run to end, or give this one its own "
+            raise Busy(f"{folder} is being written by another process (it holds {path}): "
+                       "two runs in one folder would retrain and delete each other's "
+                       "results; wait for that run to end, or give this one its own "
                        "--directory") from None
-        fh.truncate(0)
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
         try:
             yield
         finally:

@@ -68,6 +68,11 @@ else:
         workflow.register_resource("gpu", torch.cuda.device_count() * config["jobs_per_gpu"])
     GPU_PER_JOB = 1 if workflow.global_resources["gpu"].value else 0
     os.environ[RUN_GPUS_VAR] = str(GPU_PER_JOB)
+
+
+# Whether the run is local is known only when it starts: Snakemake picks the executor after
+# reading the workflow, and a cluster run's jobs inherit the submitting host's environment.
+onstart:
     if workflow.local_exec:
         os.environ.update(DPAUDIT_JOBS_PER_GPU=str(config["jobs_per_gpu"]))
 
