@@ -4,6 +4,7 @@
 # One figure:  snakemake --cores all figures/hw3_eps_vs_m.pdf
 # Report of every figure (after a run):  snakemake --report report.zip
 import os
+import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
@@ -68,6 +69,32 @@ rule all:
         FIGURES,
 
 
+# Failures whose messages from Snakemake or its SLURM plugin do not say what to do: one
+# line more, found in the run's log.  (A job's "command exited with non-zero exit code"
+# may be a submission SLURM refused.)
+FAILURE_HINTS = {
+    "Invalid generic resource (gres) specification": (
+        "SLURM refused a job's GPU (--gpus=1): this cluster or partition has no GPUs. Run "
+        "with --profile profiles/slurm-cpu, or export DPAUDIT_SLURM_GPU_PARTITION=<a "
+        "partition with GPUs> (docs/scale.md, SLURM)"
+    ),
+    "SLURM status is: 'TIMEOUT'": (
+        "a job reached its time limit: give its rule more with --set-resources "
+        "RULE:runtime=MINUTES (the rule is named above; docs/scale.md, Job sizes) and run "
+        "the same command again"
+    ),
+}
+
+
+onerror:
+    # `log`: the run's log files (a list in Snakemake 9).
+    logs = [log] if isinstance(log, str) else log or []
+    text = "".join(open(f, errors="replace").read() for f in logs if os.path.isfile(f))
+    for needle, hint in FAILURE_HINTS.items():
+        if needle in text:
+            print(f"dpaudit: {hint}", file=sys.stderr)
+
+
 # The paper-scale GPU run's figures from its tables in reference/, on any CPU, without
 # training or data: `snakemake --cores 1 reference`.
 rule reference:
@@ -77,3 +104,7 @@ rule reference:
         "results/reference/jagielski_table2.md",
         "figures/reference/tramer_canary_losses.pdf",
         "figures/reference/trials_needed.pdf",
+
+
+# Last, when every rule is known: a target that no rule makes (common.smk).
+check_targets()

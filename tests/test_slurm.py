@@ -190,15 +190,15 @@ def test_training_jobs_without_gpus_run_as_cpu_jobs(tmp_path):
         assert seen == set(GPU_RULES)
 
 
-def _fake_slurm(bin_dir: Path) -> None:
-    """An sbatch that records its command line and refuses the job, an sacctmgr that
-    knows the account, and SLURM query tools that fail."""
+def _fake_slurm(bin_dir: Path, refusal: str = "test: not submitted") -> None:
+    """An sbatch that records its command line and refuses the job saying `refusal`, an
+    sacctmgr that knows the account, and SLURM query tools that fail."""
     bin_dir.mkdir()
     for tool in ("sinfo", "sacct", "squeue", "sshare", "scontrol", "scancel"):
         (bin_dir / tool).write_text("#!/bin/sh\nexit 1\n")
     (bin_dir / "sacctmgr").write_text("#!/bin/sh\necho acct\n")
     (bin_dir / "sbatch").write_text('#!/bin/sh\necho "sbatch $*" >> "$SBATCH_LOG"\n'
-                                    'echo "test: not submitted" >&2\nexit 1\n')
+                                    f'echo "{refusal}" >&2\nexit 1\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
 
@@ -244,6 +244,26 @@ def test_sbatch_lines_keep_the_gpu_under_overrides(tmp_path):
         assert "--cpus-per-task=2" in args, (rule, args)
     assert calls["jagielski_task"][calls["jagielski_task"].index("-t") + 1] == "123"
     assert calls["tramer_audit"][calls["tramer_audit"].index("-t") + 1] == "10"
+
+
+def test_gpu_profile_on_a_cluster_without_gpus_points_at_the_cpu_profile(tmp_path):
+    """profiles/slurm where SLURM refuses `--gpus=1` (its words, from a stubbed sbatch): the
+    run ends with a line naming profiles/slurm-cpu and the GPU partition variable, not
+    only Snakemake's "command exited with non-zero exit code"."""
+    pytest.importorskip(PLUGIN, reason=NO_PLUGIN)
+    run = tmp_path / "run"
+    (run / "results/data").mkdir(parents=True)
+    (run / "results/data/cifar.csv").write_text("")
+    _fake_slurm(tmp_path / "bin", "sbatch: error: Batch job submission failed: Invalid "
+                                  "generic resource (gres) specification")
+    env = {**os.environ, **SITE, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+           "SBATCH_LOG": str(tmp_path / "sbatch.log")}
+    out = snakemake_env(env, "--profile", str(ROOT / "profiles/slurm"), "--directory", str(run),
+                        "--configfile", str(ROOT / "config/quick.yaml"), "--",
+                        "results/jagielski/task_cifar.npz")
+    assert out.returncode != 0 and "--gpus=1" in (tmp_path / "sbatch.log").read_text()
+    assert "dpaudit: SLURM refused a job's GPU (--gpus=1): this cluster or partition has no " \
+           "GPUs. Run with --profile profiles/slurm-cpu" in out.stderr
 
 
 def test_logged_keeps_the_log_of_a_failed_attempt(tmp_path):
@@ -354,7 +374,8 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 MinJobAge=600
-NodeName={host} NodeAddr=127.0.0.1 CPUs=4 RealMemory={mem_mb} State=UNKNOWN
+GresTypes=gpu
+NodeName={host} NodeAddr=127.0.0.1 CPUs=4 RealMemory={mem_mb} Gres=gpu:1 State=UNKNOWN
 PartitionName=cpu Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -376,6 +397,8 @@ def slurm_cluster(tmp_path_factory):
     (d / "spool").mkdir()
     host = socket.gethostname().split(".")[0]
     (d / "slurm.conf").write_text(_slurm_conf(d, host))
+    # One GPU that SLURM counts and hands out (`--gpus=1`) without a device behind it.
+    (d / "gres.conf").write_text("AutoDetect=off\nName=gpu File=/dev/null\n")
     # The jobstep plugin drops SLURM_* variables, SLURM_CONF too, before its srun, which
     # then looks for the cluster's config where a real node has it (/etc/slurm).
     (d / "bin").mkdir()
@@ -479,3 +502,40 @@ def test_real_slurm_run_equals_a_local_run(tmp_path, slurm_cluster):
             assert ma == mb and all(x.equal(y) for x, y in zip(pa.W + pa.b, pb.W + pb.b)), rel
         else:
             assert a.read_bytes() == b.read_bytes(), rel
+
+
+@pytest.mark.slow
+def test_real_slurm_gpu_job_keeps_its_whole_gpu(tmp_path, slurm_cluster):
+    """profiles/slurm on the one-node SLURM, whose GPU is a count without a device: a job
+    that reserves a GPU (`job(gpu_s=...)`, `job_device("auto")`, the config's
+    jobs_per_gpu 4) is submitted with --gpus=1, and the Snakemake inside the job runs it
+    with the `--device cuda` the host printed and without DPAUDIT_JOBS_PER_GPU (a share of
+    the card's memory for 4 jobs); a local run's job is told of the 4."""
+    (tmp_path / "Snakefile").write_text(f"""\
+from snakemake.exceptions import WorkflowError
+config["jobs_per_gpu"] = 4
+include: {str(ROOT / "workflow/rules/common.smk")!r}
+rule probe:
+    output: "probe.txt"
+    params: device=job_device("auto")
+    resources: **job(mem_mb=100, cpu_s=1, gpu_s=1)
+    shell: "echo jobs_per_gpu=${{{{DPAUDIT_JOBS_PER_GPU:-unset}}}} --device {{params.device}} > {{output}}"
+""")
+    env = {**slurm_cluster, "DPAUDIT_SLURM_GPU_PARTITION": "cpu"}
+    env.pop("DPAUDIT_JOBS_PER_GPU", None)
+    runs = {"slurm": ["--profile", str(ROOT / "profiles/slurm"),
+                      "--slurm-init-seconds-before-status-checks", "2",
+                      "--slurm-status-command", "squeue"],
+            "local": ["--cores", "1", "--resources", "gpu=1"]}
+    for name, args in runs.items():
+        out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"),
+                              *args, "--directory", str(tmp_path / name), "probe.txt"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env={**env, "CUDA_VISIBLE_DEVICES": ""})
+        assert out.returncode == 0, out.stderr[-5000:]
+        assert " --device cuda " in out.stdout + out.stderr + " "  # what the host printed
+    assert (tmp_path / "slurm/probe.txt").read_text() == "jobs_per_gpu=unset --device cuda\n"
+    assert (tmp_path / "local/probe.txt").read_text() == "jobs_per_gpu=4 --device cuda\n"
+    job = subprocess.run([_which("scontrol"), "show", "jobs", "-o"], env=slurm_cluster,
+                         capture_output=True, text=True, check=True).stdout
+    assert "TresPerJob=gres:gpu:1" in job and "JobState=COMPLETED" in job, job

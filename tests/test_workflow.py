@@ -101,6 +101,18 @@ def test_bad_config_stops_naming_the_key(tmp_path, path, value, words):
         assert word in out.stdout + out.stderr
 
 
+def test_unknown_target_names_the_targets_that_exist(tmp_path):
+    """A target no rule makes: one message naming the named targets and the figures,
+    instead of Snakemake's bare MissingRuleException; a real target beside it is not
+    named."""
+    out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--",
+                    "figures/hw3_eps_vs_n.pdf", "figures/hw3_eps_vs_m.pdf", "tramer")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "MissingRuleException" not in text
+    assert "figures/hw3_eps_vs_n.pdf: no rule makes it. A target is a name (abadi, all," in text
+    assert "figures/hw3_eps_vs_m.pdf, figures/jagielski_fig2.pdf" in text
+
+
 def test_nested_config_values_given_as_text_are_read_as_the_schema_wants(tmp_path):
     """Snakemake reads every value inside a nested `--config` entry as text; numbers and
     booleans are read as such where the schema wants them, strings it accepts stay."""

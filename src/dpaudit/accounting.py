@@ -28,7 +28,9 @@ References
 
 from __future__ import annotations
 
+import logging
 import math
+from contextlib import contextmanager
 
 import dp_accounting
 from dp_accounting import privacy_accountant
@@ -256,15 +258,33 @@ def noise_multiplier(eps: float, sample_rate: float, steps: int, delta: float,
         return epsilon(math.exp(log_sigma), sample_rate, steps, delta, method) - eps
 
     # Bracket the root from sigma = 1 in steps of e: up while eps is too large, else down.
-    x, g = 0.0, gap(0.0)
-    step = 1.0 if g > 0 else -1.0
-    while (g > 0) == (step > 0):
-        x += step
-        if not math.log(1e-3) <= x <= math.log(1e4):
-            raise ValueError(f"eps={eps!r}: no sigma in [1e-3, 1e4] reaches it")
-        g = gap(x)
+    # Only the sign of the gap counts here, and a sign that says "eps is below" is right
+    # even where dp_accounting leaves out an order it cannot compute (its absl warning
+    # "_compute_log_a_frac failed to converge", at small sigma): leaving orders out can
+    # only raise eps.  So those warnings are not printed for these points; Brent's method's
+    # own evaluations (the bracket's ends and the points near the root) still print them.
+    with _absl_warnings_hidden():
+        x, g = 0.0, gap(0.0)
+        step = 1.0 if g > 0 else -1.0
+        while (g > 0) == (step > 0):
+            x += step
+            if not math.log(1e-3) <= x <= math.log(1e4):
+                raise ValueError(f"eps={eps!r}: no sigma in [1e-3, 1e4] reaches it")
+            g = gap(x)
     lo, hi = sorted((x - step, x))
     return math.exp(optimize.brentq(gap, lo, hi, xtol=1e-12, rtol=1e-9))
+
+
+@contextmanager
+def _absl_warnings_hidden():
+    """Within this scope, warnings that dp_accounting logs through absl are not printed."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
 
 
 def basic_composition(eps0, delta0, k):

@@ -63,11 +63,28 @@ os.environ.update(
 # (each SLURM job gets a GPU of its own), profiles/slurm-cpu 0.  Without GPUs the training
 # jobs run as CPU jobs, as many at once as the cores allow.  Jobs of a local run learn
 # how many share their card from DPAUDIT_JOBS_PER_GPU (dpaudit.device.jobs_per_gpu).
-if "gpu" not in workflow.global_resources:
-    workflow.register_resource("gpu", torch.cuda.device_count() * config["jobs_per_gpu"])
-GPU_PER_JOB = 1 if workflow.global_resources["gpu"].value else 0
-if workflow.local_exec:
-    os.environ.update(DPAUDIT_JOBS_PER_GPU=str(config["jobs_per_gpu"]))
+# A cluster job runs this file again in its own Snakemake (`--mode remote`, inside it a
+# local executor), without the run's `--resources`: it takes the submitting host's
+# decision from RUN_GPUS_VAR (SLURM jobs inherit the environment), so that a job that
+# reserved a GPU keeps `--device cuda`, and has its GPU to itself: DPAUDIT_JOBS_PER_GPU
+# is not set (a site that shards GPUs exports it itself: docs/scale.md, SLURM).
+RUN_GPUS_VAR = "DPAUDIT_RUN_HAS_GPUS"
+if workflow.remote_exec:
+    GPU_PER_JOB = int(os.environ.get(RUN_GPUS_VAR) or torch.cuda.device_count() > 0)
+    if "gpu" not in workflow.global_resources:
+        workflow.register_resource("gpu", GPU_PER_JOB)
+else:
+    if "gpu" not in workflow.global_resources:
+        workflow.register_resource("gpu", torch.cuda.device_count() * config["jobs_per_gpu"])
+    GPU_PER_JOB = 1 if workflow.global_resources["gpu"].value else 0
+    os.environ[RUN_GPUS_VAR] = str(GPU_PER_JOB)
+
+
+# Whether the run is local is known only when it starts: Snakemake picks the executor after
+# reading the workflow, and a cluster run's jobs inherit the submitting host's environment.
+onstart:
+    if workflow.local_exec:
+        os.environ.update(DPAUDIT_JOBS_PER_GPU=str(config["jobs_per_gpu"]))
 
 
 def job_device(setting):
@@ -87,6 +104,10 @@ MIN_MINUTES = 10
 # Covers a GPU up to 5 times slower than the H100 the GPU speeds come from, and CPU cores
 # up to 3 times slower than the 2 the CPU speeds come from.
 MARGIN = {"gpu": 5, "cpu": 3}
+# The pretrainings keep no partial progress: stopped at their limit, they start over, so
+# their limits have RESTART_MARGIN times the margin.
+RESTARTS = ("jagielski_task", "abadi_features")
+RESTART_MARGIN = 2
 # CUDA's libraries and context in host memory (an allowance: the GPU run measured only the
 # GPU's memory).
 CUDA_HOST_MB = 4000
@@ -106,9 +127,10 @@ def job(mem_mb, cpu_s, gpu_s=None, per=None, gpu=None):
     uses_gpu = lambda wc: GPU_PER_JOB if gpu_s and (gpu is None or gpu(wc)) else 0
     kind = lambda wc: "gpu" if uses_gpu(wc) else "cpu"
 
-    def runtime(wildcards, attempt):
+    def runtime(wildcards, attempt, rulename):
         seconds = (per(wildcards) if per else 1) * (gpu_s if uses_gpu(wildcards) else cpu_s)
-        return attempt * max(MIN_MINUTES, math.ceil(MARGIN[kind(wildcards)] * seconds / 60))
+        margin = MARGIN[kind(wildcards)] * (RESTART_MARGIN if rulename in RESTARTS else 1)
+        return attempt * max(MIN_MINUTES, math.ceil(margin * seconds / 60))
 
     resources = {"runtime": runtime, "mem_mb": lambda wc: mem_mb + CUDA_HOST_MB * uses_gpu(wc)}
     if gpu_s:
@@ -179,3 +201,32 @@ def spec(*keys, **extra):
     for key in keys:
         section = section[key]
     return quoted_json({**section, **extra})
+
+
+# A target that no rule makes, and that is no file, stops the run naming what can be
+# asked for, instead of Snakemake's bare MissingRuleException.  Snakemake hands the
+# workflow its targets only after the Snakefile has run, so they are read from its
+# command line.  (A target that reads as a config file is refused by Snakemake before
+# the Snakefile runs: README, Run, on `--`.)
+def check_targets():
+    """Called at the end of the Snakefile, when every rule is defined."""
+    from snakemake.cli import parse_args
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    if workflow.remote_exec or "snakemake" not in argv0:  # a job, or the API
+        return
+    try:
+        targets = parse_args(sys.argv[1:])[1].targets or []
+    except SystemExit:
+        return
+    names = {found.name for found in workflow.rules}
+    unknown = sorted(t for t in targets if t not in names and not os.path.exists(t)
+                     and not any(found.is_producer(t) for found in workflow.rules))
+    if unknown:
+        raise WorkflowError(
+            f"{', '.join(unknown)}: no rule makes it. A target is a name ("
+            + ", ".join(sorted(found.name for found in workflow.rules if not found.output))
+            + "), a figure ("
+            + ", ".join(sorted(FIGURES))
+            + ") or any other file a rule writes (README, Run)"
+        )

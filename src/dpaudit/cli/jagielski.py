@@ -97,6 +97,17 @@ def _cells(value: str) -> list[tuple[float, str, str]]:
 
 
 def _train(args) -> None:
+    from ..locks import Busy, hold
+
+    # The group's folder is this command's alone while it runs (dpaudit.locks).
+    try:
+        with hold(args.out_dir):
+            _train_group(args)
+    except Busy as exc:
+        raise SystemExit(f"dpaudit jagielski-train: {exc}") from None
+
+
+def _train_group(args) -> None:
     import pandas as pd
     import torch
 
