@@ -237,6 +237,7 @@ def test_abadi_captions_describe_their_own_figure(quick_config):
 def test_onerun_and_table2_captions_name_what_is_shown(quick_config):
     onerun = _caption("onerun_dpsgd.rst", quick_config)
     assert f"up to m = {quick_config['onerun']['m']} canaries per run" in onerun
+    assert "Config: initialisation fixed (" in onerun  # the quick Figure 2's cells
     assert "results/jagielski_table2.html" in _caption("jagielski_table2_table.rst",
                                                        quick_config)
 

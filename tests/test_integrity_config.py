@@ -199,20 +199,31 @@ def test_values_that_conflict_with_other_keys_or_the_data_are_refused_naming_the
 
 
 def test_one_run_comparison_reads_cells_the_training_grids_train():
-    """With `compare_many_model`, each one-run eps label is a label Figure 2 or Table 2
-    trains; the quick config compares the many-model cells of its own initialisation."""
+    """With `compare_many_model`, each one-run eps label and the init are ones Figure 2 or
+    Table 2 trains; both configs compare Figure 2's own FMNIST ClipBKD cells (quick: at
+    the fixed initialisation), which the training jobs train anyway."""
     from dpaudit.experiments import jagielski
 
     quick = load("quick.yaml")
     startup(quick)
-    grid = jagielski.grid_cells(quick["jagielski"], quick["onerun"])
-    assert {c[3] for c in grid["onerun"]} == {jagielski.init_label(quick["onerun"]["init"])}
-    assert {c[2] for c in grid["onerun"]} == {float(quick["jagielski"]["fig2"]["clip"])}
-    assert set(grid["onerun"]) <= set(grid["all"])
+    for cfg, init in ((quick, "fixed"), (load("config.yaml"), "g1")):
+        jag = cfg["jagielski"]
+        grid = jagielski.grid_cells(jag, cfg["onerun"])
+        assert {c[3] for c in grid["onerun"]} == {init}
+        assert {c[2] for c in grid["onerun"]} == {float(jag["fig2"]["clip"])}
+        assert set(grid["onerun"]) <= set(grid["fig2"])
+        assert grid["all"] == jagielski.grid_cells(jag)["all"]  # no extra training
     cfg = with_value(quick, ("onerun", "eps"), ["8", "inf"])
     with pytest.raises(SpecError, match=r"onerun\.eps: \['8'\].*onerun\.compare_many_model"):
         startup(cfg)
     startup(with_value(cfg, ("onerun", "compare_many_model"), False))
+    # an init no grid trains: refused, naming the keys
+    cfg = with_value(quick, ("onerun", "init"), 0.5)
+    with pytest.raises(SpecError, match=r"onerun\.init=0\.5: not jagielski\.fig2\.init "
+                       r"\(fixed\) or one of jagielski\.table2\.inits \(\['fixed', 1\.0\]\)"):
+        startup(cfg)
+    startup(with_value(cfg, ("onerun", "compare_many_model"), False))
+    startup(with_value(quick, ("onerun", "init"), 1.0))  # Table 2's Glorot x 1 cells
 
 
 def test_the_workflow_stops_at_start_up_on_a_cross_key_conflict(tmp_path):

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from dpaudit import accounting, dpsgd
 from dpaudit.cli import main
@@ -141,3 +142,81 @@ def test_cli_bad_spec_names_the_key(tmp_path, capsys, change, message):
                  json.dumps(_spec(**change)), "--train", json.dumps(TRAIN), "--seed", "0",
                  "--out", str(out)]) == 2
     assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_glorot_rows_are_those_computed_before_the_fixed_init_existed():
+    """The Glorot path draws the same initialisations, batches and noise as before `init:
+    fixed` was added: correct guesses and f-DP bounds computed then, pinned."""
+    spec = _spec(canaries=["input", "dirac"], eps=["4", "inf"], archs=["lr", "fnn"], m=20)
+    df = onerun.audit_grid(_task(), spec, TRAIN, 3, "cpu")
+    assert list(df.v) == [4, 5, 4, 6, 17, 3, 15, 4, 14, 20, 14, 20,
+                          2, 3, 2, 3, 6, 3, 7, 2, 18, 14, 18, 14]
+    np.testing.assert_allclose(
+        df.eps_lb_fdp, [0, 0, 0, 0, 0.254895, 0, 0.100202, 0, 0.859208, 1.271632, 0.859208,
+                        1.271632, 0, 0, 0, 0, 0, 0, 0, 0, 1.15191, 0.859208, 1.15191, 0.859208],
+        atol=1e-6)
+
+
+def _save_init(tmp_path, arch, seed, hidden=TRAIN["hidden"]):
+    model = dpsgd.ModelSpec(arch, 40, hidden)
+    path = tmp_path / f"init_{arch}_{seed}.pt"
+    dpsgd.save_params(path, dpsgd.init_params(model, 1, seed, device="cpu"), model)
+    return path
+
+
+def _audit_cli(tmp_path, name, spec, *extra):
+    from dpaudit import features
+
+    features.save_features(tmp_path / "task.npz", _task().arrays(), {"command": "test"})
+    out = tmp_path / name
+    code = main(["onerun-audit", "--task", str(tmp_path / "task.npz"), "--spec", json.dumps(spec),
+                 "--train", json.dumps(TRAIN), "--seed", "3", "--device", "cpu", "--out",
+                 str(out), *extra])
+    return code, out
+
+
+def test_fixed_init_trains_every_run_from_the_saved_file(tmp_path, monkeypatch):
+    spec = _spec(canaries=["input", "dirac"], eps=["4", "inf"], archs=["lr", "fnn"],
+                 init="fixed")
+    files = [_save_init(tmp_path, "lr", 5), _save_init(tmp_path, "fnn", 5)]
+    seen, train = [], dpsgd.train
+
+    def spy(X, y, model, cfg, seeds, init=None, **kw):
+        seen.append((model.arch, cfg.init, init))
+        return train(X, y, model, cfg, seeds, init=init, **kw)
+
+    monkeypatch.setattr(dpsgd, "train", spy)
+    code, out = _audit_cli(tmp_path, "a.csv", spec, "--init-files", *map(str, files))
+    assert code == 0 and len(seen) == 2 * 2 * 2  # archs x canary types x eps labels
+    for arch, how, init in seen:  # step 0 of every run: the file's weights
+        saved, _ = dpsgd.load_params(files[arch == "fnn"])
+        assert how == "fixed"
+        for got, want in zip([*init.W, *init.b], [*saved.W, *saved.b]):
+            assert torch.equal(got, want)
+    a, meta = read_table(out)
+    assert set(meta["init_sha256"]) == {"lr", "fnn"}
+    monkeypatch.setattr(dpsgd, "train", train)
+    # reproducible: the same seed and init file give the same table
+    code, again = _audit_cli(tmp_path, "b.csv", spec, "--init-files", *map(str, files))
+    pd.testing.assert_frame_equal(a, read_table(again)[0])
+    # and the init matters: the black-box scores depend on where training started
+    other = [_save_init(tmp_path, "lr", 6), _save_init(tmp_path, "fnn", 6)]
+    code, c = _audit_cli(tmp_path, "c.csv", spec, "--init-files", *map(str, other))
+    glorot = onerun.audit_grid(_task(), {**spec, "init": 1.0}, TRAIN, 3, "cpu")
+    inp = a.canary == "input"
+    assert not a[inp].v.equals(read_table(c)[0][inp].v)
+    assert not a[inp].v.equals(glorot[inp].v)
+
+
+@pytest.mark.parametrize("init,hiddens,message", [
+    ("fixed", [], "onerun.init: fixed needs --init-files"),
+    ("fixed", [8, 8], "want one file for each of"),  # two for lr
+    ("fixed", [32], "want one file for each of"),  # another hidden width
+    (1.0, [8], "--init-files: only used with onerun.init: fixed"),
+])
+def test_cli_fixed_init_needs_one_matching_file_per_arch(tmp_path, capsys, init, hiddens,
+                                                          message):
+    paths = [_save_init(tmp_path, "lr", i, hidden) for i, hidden in enumerate(hiddens)]
+    extra = ["--init-files", *map(str, paths)] if paths else []
+    code, out = _audit_cli(tmp_path, "x.csv", _spec(init=init), *extra)
+    assert code == 2 and message in capsys.readouterr().err and not out.exists()

@@ -12,7 +12,13 @@ ONERUN_CELLS = [cell_path(*cell) for cell in ONERUN_GRID]
 
 rule onerun_audit:
     input:
-        "results/jagielski/task_fmnist.npz",
+        task="results/jagielski/task_fmnist.npz",
+        # `init: fixed`: the saved initialisation the Jagielski fixed-init cells share.
+        inits=(
+            [f"results/jagielski/init_fmnist_{arch}.pt" for arch in ONERUN["archs"]]
+            if ONERUN["init"] == "fixed"
+            else []
+        ),
     output:
         "results/onerun_dpsgd.csv",
     params:
@@ -28,6 +34,7 @@ rule onerun_audit:
         ),
         seed=config["seed"],
         device=job_device(config["jagielski"]["device"]),
+        inits=lambda wc, input: f"--init-files {input.inits}" if input.inits else "",
     threads: 2
     resources:
         # A CPU job: on the H100 it took as long as on 2 CPU cores.
@@ -39,8 +46,9 @@ rule onerun_audit:
     conda:
         ENV
     shell:
-        "logged {log} dpaudit onerun-audit --task {input} --spec {params.spec}"
-        " --train {params.train} --device {params.device} --seed {params.seed} --out {output}"
+        "logged {log} dpaudit onerun-audit --task {input.task} --spec {params.spec}"
+        " --train {params.train} {params.inits} --device {params.device} --seed {params.seed}"
+        " --out {output}"
 
 
 rule onerun_many_model:

@@ -55,11 +55,42 @@ def _audit(args) -> None:
                                   spec["input_kind"], np.random.default_rng(0))
         except ValueError as exc:
             raise SpecError(f"onerun.m / onerun.input_kind: {exc}") from exc
+    inits, init_sha = _fixed_inits(spec, args.init_files, task.X.shape[1], train["hidden"])
     df = onerun.audit_grid(task, spec, train, args.seed, resolve(args.device),
                            log=lambda msg: print(f"dpaudit onerun-audit: {msg}", file=sys.stderr,
-                                                 flush=True))
+                                                 flush=True), inits=inits)
     write_table(df, args.out, {"command": "onerun-audit", "spec": spec, "train": train,
-                               "seed": args.seed, "device": args.device, "task": task_prov})
+                               "seed": args.seed, "device": args.device, "task": task_prov,
+                               **({"init_sha256": init_sha} if init_sha else {})})
+
+
+def _fixed_inits(spec: dict, files, in_dim: int, hidden: int):
+    """``(arch -> Params, arch -> digest)`` of ``--init-files`` for ``init: fixed`` (one file
+    per arch of ``spec``, from jagielski-init); ``(None, None)`` for a Glorot scale."""
+    from .. import dpsgd
+    from ..io import array_digest
+
+    if spec["init"] != "fixed":
+        if files:
+            raise SpecError(f"--init-files: only used with onerun.init: fixed (got init "
+                            f"{spec['init']})")
+        return None, None
+    inits, digests = {}, {}
+    for path in files or []:
+        params, saved = dpsgd.load_params(path)
+        want = dpsgd.ModelSpec(saved.arch, in_dim, hidden)
+        if saved.arch not in spec["archs"] or saved != want or saved.arch in inits:
+            raise SpecError(f"--init-files: {path} holds {saved}; want one file for each of "
+                            f"{[str(dpsgd.ModelSpec(a, in_dim, hidden)) for a in spec['archs']]}")
+        inits[saved.arch] = params
+        digests[saved.arch] = array_digest({f"{name}{i}": t for name, ts in
+                                            (("W", params.W), ("b", params.b))
+                                            for i, t in enumerate(ts)})
+    missing = [a for a in spec["archs"] if a not in inits]
+    if missing:
+        raise SpecError(f"onerun.init: fixed needs --init-files with the saved initialisation "
+                        f"(jagielski-init) of the archs {missing}")
+    return inits, digests
 
 
 def _plot(args) -> None:
@@ -76,6 +107,9 @@ def register(subparsers) -> None:
                    help=f"the onerun config section's keys {', '.join(AUDIT_KEYS)}")
     p.add_argument("--train", type=spec_arg, required=True,
                    help=f"DP-SGD set-up, JSON with keys {', '.join(TRAIN_KEYS)}")
+    p.add_argument("--init-files", type=Path, nargs="+", default=None,
+                   help="with onerun.init: fixed, the saved initialisation of each arch "
+                        "(jagielski-init)")
     p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
     p.add_argument("--out", type=Path, required=True, help="result table (CSV)")

@@ -95,6 +95,15 @@ def problems(config: dict) -> list[str]:
                          f"jagielski.table2.eps ({sorted(trained)}), which "
                          "onerun.compare_many_model compares with; add them there or set "
                          "onerun.compare_many_model to false")
+        # Likewise the init: the comparison's cells are at an init Figure 2 or Table 2
+        # trains, whose label a reader can look up there.
+        inits = [jag["fig2"]["init"], *jag["table2"]["inits"]]
+        if jagielski.init_label(onerun["init"]) not in map(jagielski.init_label, inits):
+            found.append(f"onerun.init={onerun['init']}: not jagielski.fig2.init "
+                         f"({jag['fig2']['init']}) or one of jagielski.table2.inits "
+                         f"({jag['table2']['inits']}), the inits the training jobs train and "
+                         "onerun.compare_many_model compares with; use one of them or set "
+                         "onerun.compare_many_model to false")
     if "dirac" in onerun["canaries"]:
         hidden = jag["datasets"]["fmnist"]["hidden"]
         for arch in onerun["archs"]:

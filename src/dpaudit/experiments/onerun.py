@@ -27,6 +27,10 @@ auditor guesses the k highest "in" and the k lowest "out" for the at most 10 k o
     under the Gaussian noise, :attr:`dpaudit.dpsgd.CanaryRun.llr`; without noise it is
     undefined and the last-iterate score is used).
 
+Initialisation (``init``): every run draws its own Glorot-normal weights times a scale, or
+all start from the one saved initialisation (``fixed``) that the many-model cells of
+Jagielski et al. at ``fixed`` share.
+
 Accounting (``eps_th`` by ``rdp_classic``, Jagielski et al.'s accountant, and ``eps_pld``):
 training samples Poisson batches at rate B / N over the trained steps, N the rows of the
 trained set: n plus the included input canaries (about n + m/2), or n with gradient
@@ -95,16 +99,17 @@ def _bounds(scores: np.ndarray, included: np.ndarray, max_k: int, delta: float,
 
 def audit_input(task: Task, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, m: int, kind: str,
                 repeat_seeds: list[int], delta: float, beta: float, max_k: int,
-                device=None) -> list[dict]:
+                device=None, init: dpsgd.Params | None = None) -> list[dict]:
     """Black-box audits with input canaries: the runs of ``repeat_seeds`` trained at once on
     one canary draw and inclusion (from the first seed; the trainer takes one data set per
-    call), each run with its own initialisation, batches and noise."""
+    call), each run with its own batches, noise and (Glorot) initialisation; ``init``: the
+    shared initial weights of ``cfg.init == "fixed"``."""
     rng = seeds.rng(repeat_seeds[0], "input-canaries")
     Xc, yc = input_canaries(task, m, kind, rng)
     inc = rng.random(m) < 0.5
     X = torch.cat([torch.as_tensor(task.X), torch.as_tensor(Xc[inc])])
     y = torch.cat([torch.as_tensor(task.y), torch.as_tensor(yc[inc]).to(torch.int64)])
-    params = dpsgd.train(X, y, model, cfg, repeat_seeds, device=device)
+    params = dpsgd.train(X, y, model, cfg, repeat_seeds, init=init, device=device)
     losses = dpsgd.losses(params, torch.as_tensor(Xc).to(params.W[0].device),
                           torch.as_tensor(yc), model)
     scores = -losses.cpu().numpy().astype(np.float64)
@@ -115,16 +120,17 @@ def audit_input(task: Task, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, m: i
 
 def audit_dirac(task: Task, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, m: int,
                 repeat_seeds: list[int], delta: float, beta: float, max_k: int,
-                device=None) -> list[dict]:
+                device=None, init: dpsgd.Params | None = None) -> list[dict]:
     """White-box audits with Dirac gradient canaries: the runs of ``repeat_seeds`` trained
-    at once (one model each), scored under both threat models."""
+    at once (one model each), scored under both threat models; ``init`` as in
+    :func:`audit_input`."""
     rng = seeds.rng(repeat_seeds[0], "dirac-canaries")
     dirs = dpsgd.dirac_canaries(model, m, cfg.clip, rng.integers(2**63),
                                 quiet_coordinates(task.X, model, 2 * m), device=device)
     inc = torch.as_tensor(np.stack([seeds.rng(s, "dirac-inclusion").random(m) < 0.5
                                     for s in repeat_seeds]))
     X, y = torch.as_tensor(task.X), torch.as_tensor(task.y)
-    run = dpsgd.train(X, y, model, cfg, repeat_seeds, device=device,
+    run = dpsgd.train(X, y, model, cfg, repeat_seeds, init=init, device=device,
                       canaries=dpsgd.GradientCanaries(dirs, inc))
     # The summed step scores telescope to the last-iterate score <theta_0 - theta_T, g>;
     # without noise the per-step likelihood ratio is undefined and they stand in for it.
@@ -139,15 +145,22 @@ def audit_dirac(task: Task, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, m: i
 
 
 def audit_grid(task: Task, spec: dict, train: dict, seed: int, device=None,
-               log: Callable[[str], None] | None = None) -> pd.DataFrame:
+               log: Callable[[str], None] | None = None,
+               inits: dict[str, dpsgd.Params] | None = None) -> pd.DataFrame:
     """Every (arch, canary type, eps label, repeat) of the ``onerun`` config section
     ``spec``, with the DP-SGD set-up ``train`` (epochs, batch_size, lr, hidden, clip,
-    noise table). One row per run and threat model."""
+    noise table). ``inits``: with ``spec["init"] == "fixed"``, the saved initialisation of
+    each arch. One row per run and threat model."""
     say = log or (lambda msg: None)
+    fixed = spec["init"] == "fixed"
+    missing = [a for a in spec["archs"] if a not in (inits or {})] if fixed else []
+    if missing:
+        raise ValueError(f"init 'fixed': no saved initialisation for the archs {missing}")
     rows, t0, trained = [], time.perf_counter(), 0
     m = spec["m"]
     for arch in spec["archs"]:
         model = dpsgd.ModelSpec(arch, task.X.shape[1], train["hidden"])
+        init = inits[arch] if fixed else None
         for canary in spec["canaries"]:
             # Paired across eps: a repeat's seed (inclusions, batches, noise) depends on the
             # arch, the canary type and the repeat only.
@@ -157,17 +170,17 @@ def audit_grid(task: Task, spec: dict, train: dict, seed: int, device=None,
                 # Poisson batches: what the accountant of eps_th assumes, for the input
                 # canaries as for the data (gradient canaries are Poisson-sampled anyway).
                 cfg = dpsgd.DPSGDConfig(train["epochs"], train["batch_size"], train["lr"],
-                                        train["clip"], noise, "poisson", "glorot",
-                                        spec["init"])
+                                        train["clip"], noise, "poisson",
+                                        *(("fixed",) if fixed else ("glorot", spec["init"])))
                 if canary == "input":
                     m_run = input_count(task, m, spec["input_kind"])
                     got = audit_input(task, model, cfg, m_run, spec["input_kind"],
                                       repeat_seeds, spec["delta"], spec["beta"], spec["max_k"],
-                                      device)
+                                      device, init)
                 else:
                     m_run = m
                     got = audit_dirac(task, model, cfg, m, repeat_seeds, spec["delta"],
-                                      spec["beta"], spec["max_k"], device)
+                                      spec["beta"], spec["max_k"], device, init)
                 # The trained set: n rows, plus the included input canaries (one draw for
                 # all repeats); canaries are add/remove neighbours, so no replace-one eps.
                 n_acc = got[0]["n"]
