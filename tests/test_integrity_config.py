@@ -33,6 +33,8 @@ MEANINGFUL = {
     ("onerun.max_k", "huge"): "a cap on the guess count: above m/2 it does not bind",
     ("ridge.label_noise", 0): "noise-free labels",
     ("tramer.classes", 0): "Fashion-MNIST class 0 (T-shirt/top)",
+    ("tramer.user.seed_check", 0): "skips the determinism re-check",
+    ("tramer.user.max_diverged", 0): "no run may diverge (the default)",
     ("jagielski.datasets.fmnist.noise.inf", 0): "the label `inf` is training without noise",
     ("jagielski.datasets.cifar.noise.inf", 0): "the label `inf` is training without noise",
     ("jagielski.datasets.cifar.pretrain_images", 0): "pretrain on every image",
