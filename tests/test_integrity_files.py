@@ -1,7 +1,8 @@
 """Fault injection on input files: every subcommand that reads a table, ``.npz``, weights or
-Markdown file, given a missing, empty, header-only or foreign one, and the data sets given
-truncated, corrupt or misplaced files, stops with one line that names the file and what is
-wrong, exit status 2, and leaves no output or temporary file behind."""
+Markdown file, given a missing, empty, header-only or foreign one (a table reader also a
+well-formed table of another command), and the data sets given truncated, corrupt or
+misplaced files, stops with one line that names the file and what is wrong, exit status 2,
+and leaves no output or temporary file behind."""
 
 from __future__ import annotations
 
@@ -191,6 +192,78 @@ def test_a_task_file_of_another_step_is_named_with_the_arrays_it_lacks(tmp_path,
         SPECS["onerun_train"], "--seed", "0", "--device", "cpu", "--out",
         str(tmp_path / "o.csv")], capsys)
     assert code == 2 and len(err) == 1 and str(feats) in err[0] and "'X_test'" in err[0], err
+
+
+# ------------------------------------------------------------ well-formed, of another kind
+
+REFERENCE = Path(__file__).parents[1] / "reference"
+#: Table reader -> a well-formed table of another command it is given: a committed
+#: reference table, or ``scores`` (a score table of jagielski-train, written here).
+WRONG_KIND = {
+    "hw3-plot": "tramer_audit.csv",
+    "accounting-plot": "trials_needed.csv",
+    "ridge-plot": "jagielski_fig2.csv",
+    "jagielski-audit": "jagielski_fig2.csv",
+    "jagielski-md": "trials_needed_summary.csv",
+    "jagielski-plot": "scores",
+    "trials-needed": "trials_needed.csv",
+    "trials-needed-plot": "tramer_audit.csv",
+    "tramer-reaudit": "jagielski_fig2.csv",
+    "tramer-plot": "jagielski_table2.csv",
+    "onerun-plot": "jagielski_table2.csv",
+    "abadi-table": "tramer_audit_hist.csv",
+    "abadi-plot": "trials_needed.csv",
+}
+
+
+def _wrong_kind(command: str, tmp: Path) -> Path:
+    """The well-formed table of another command that :data:`WRONG_KIND` gives ``command``."""
+    path = tmp / f"wrong_kind_{command}.csv"
+    source = WRONG_KIND[command]
+    if source == "scores":
+        scores = pd.DataFrame({"side": ["out", "out", "in", "in"], "trial": [0, 1, 0, 1],
+                               "loss": [0.3, 0.2, 0.1, 0.4], "test_acc": [0.8] * 4})
+        write_table(scores, path, {"command": "jagielski-train", "seed": 0,
+                                   "cell": {"attack": "mi"}, "spec": {"trials": 2, "ks": [1]}})
+    else:
+        path.write_bytes((REFERENCE / source).read_bytes())
+    return path
+
+
+def test_every_table_reader_has_a_wrong_kind_case():
+    assert set(WRONG_KIND) == {c for c, (kind, _) in READERS.items() if kind == "table"}
+
+
+@pytest.mark.parametrize("command", sorted(WRONG_KIND))
+def test_a_table_of_another_command_is_named_with_the_columns_it_lacks(command, tmp_path,
+                                                                       capsys):
+    bad = _wrong_kind(command, tmp_path)
+    table, prov = read_table(bad)  # well formed: only its kind is wrong
+    out = tmp_path / "out"
+    argv = [command] + [str(bad) if a == "F" else str(out / a) if a.startswith("O") else a
+                        for a in READERS[command][1]]
+    code, err = _run(argv, capsys)
+    assert code == 2 and len(err) == 1, err
+    assert f"bad input file {bad}: not a table of " in err[0], err
+    assert err[0].endswith(f" (made by `dpaudit {prov['command']}`)"), err
+    lacks = err[0].split(": it lacks column(s) ", 1)[1].rsplit(" (made by", 1)[0].split(", ")
+    assert lacks and not set(lacks) & set(table.columns), (lacks, list(table.columns))
+    assert not out.exists() or not any(out.rglob("*")), list(out.rglob("*"))
+
+
+def test_read_table_names_the_columns_a_caller_needs(tmp_path):
+    path = tmp_path / "t.csv"
+    write_table(pd.DataFrame({"eps": [1.0], "eps_lb": [0.5]}), path, {"command": "ridge-audit"})
+    table, _ = read_table(path, columns=["eps", "eps_lb"], what="ridge-audit")
+    assert list(table.columns) == ["eps", "eps_lb"]
+    with pytest.raises(BadInputFile) as err:
+        read_table(path, columns=["rho", "eps", "delta", "rho"], what="hw3-audit")
+    assert err.value.reason == ("not a table of hw3-audit: it lacks column(s) rho, delta "
+                                "(made by `dpaudit ridge-audit`)")
+    write_table(pd.DataFrame({"eps": [1.0]}), path, {"seed": 0})
+    with pytest.raises(BadInputFile, match=r"lacks column\(s\) rho \(its provenance names no "
+                                           r"command\)$"):
+        read_table(path, columns=["rho"], what="hw3-audit")
 
 
 @pytest.mark.parametrize("argv, name", [

@@ -17,7 +17,7 @@ import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
@@ -130,16 +130,32 @@ def _header(line: bytes, path) -> dict[str, Any]:
     return meta
 
 
-def read_table(path: str | os.PathLike,
-               require_hash: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
+def require_columns(df: pd.DataFrame, provenance: dict[str, Any], path: str | os.PathLike,
+                    columns: Iterable[str], what: str) -> None:
+    """:class:`BadInputFile` unless ``df`` (read from ``path``, with ``provenance``) has every
+    one of ``columns``: a well-formed table of another kind, named with the columns it lacks
+    and the command its provenance says made it (``what``: the kind the caller reads, e.g.
+    the command that writes it)."""
+    missing = [c for c in dict.fromkeys(columns) if c not in df.columns]
+    if missing:
+        made = provenance.get("command")
+        by = f"made by `dpaudit {made}`" if made else "its provenance names no command"
+        raise BadInputFile(path, f"not a table of {what}: it lacks column(s) "
+                                 f"{', '.join(missing)} ({by})")
+
+
+def read_table(path: str | os.PathLike, require_hash: bool = False,
+               columns: Iterable[str] = (), what: str = "the kind read here"
+               ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Read a table written by :func:`write_table`; return ``(frame, provenance)``. Every
     float reads back bit for bit, whatever the pandas version, so a table written again
     from what was read has the same bytes (kept blocks restored by a rerun).
 
     :class:`BadInputFile` if the file is not such a table or has no rows, if the rows do
     not have the SHA-256 the header records (the file was altered or truncated after it
-    was written), or if ``require_hash`` and the header records none (a table from an
-    older version)."""
+    was written), if ``require_hash`` and the header records none (a table from an older
+    version), or if it lacks any of ``columns``, the columns the caller reads
+    (:func:`require_columns`; ``what``: the kind of table it reads)."""
     from io import BytesIO  # the standard library's
 
     head, _, body = input_file(path, _TABLE).read_bytes().partition(b"\n")
@@ -158,6 +174,7 @@ def read_table(path: str | os.PathLike,
         raise BadInputFile(path, f"not a CSV table after the provenance header ({exc})") from None
     if df.empty:
         raise BadInputFile(path, "no rows under the column names (truncated?)")
+    require_columns(df, meta, path, columns, what)
     return df, meta
 
 

@@ -83,21 +83,19 @@ def _train(args) -> None:
 def _table(args) -> None:
     import pandas as pd
 
+    from ..experiments.abadi import SUMMARY_COLUMNS, summary
     from ..io import read_table, write_table
 
     frames, sources = [], {}
     for path in args.tables:
-        df, prov = read_table(path)
+        df, prov = read_table(path, columns=SUMMARY_COLUMNS, what="abadi-train")
         frames.append(df)
         # Each level's config (spec, level, data or features) and seeds, so that the summed
         # table records what made every row.
         sources[str(path)] = {k: prov[k] for k in LEVEL_PROVENANCE if k in prov}
     table = pd.concat(frames, ignore_index=True)
     write_table(table, args.out, {"command": "abadi-table", "levels": sources})
-    from ..experiments.abadi import summary
-
-    last = summary(table)[["figure", "dataset", "level", "epoch", "train_acc", "test_acc",
-                           "eps", "paper_test_acc"]]
+    last = summary(table)[[*SUMMARY_COLUMNS, "paper_test_acc"]]
     print(f"dpaudit abadi-table: last epoch of every level\n{last.to_string(index=False)}",
           file=sys.stderr)
 

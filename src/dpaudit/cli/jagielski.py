@@ -253,7 +253,8 @@ def _markdown(args) -> None:
     from ..experiments import jagielski
     from ..io import write_text
 
-    table = jagielski.read_result_table(args.table)
+    table = jagielski.read_result_table(args.table, jagielski.TABLE2_COLUMNS,
+                                        "jagielski-audit --experiment table2")
     try:
         text = jagielski.table2_markdown(table, args.tolerance)
     except ValueError as exc:

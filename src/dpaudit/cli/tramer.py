@@ -230,13 +230,19 @@ def _reaudit(args) -> None:
 
     from ..experiments import tramer
     from ..io import read_table, write_table
-    from ..plots.tramer import loss_histogram
+    from ..plots.tramer import LOSS_COLUMNS, loss_histogram
 
-    table, table_prov = read_table(args.table)
-    losses, losses_prov = read_table(args.losses)
+    table, table_prov = read_table(args.table, columns=(*tramer.REAUDIT_COLUMNS, "eps_lb"),
+                                   what="tramer-audit")
+    # the run key matches the re-trained runs (--accuracy) to these
+    retrained = tramer.RUN_KEY if args.accuracy is not None else ()
+    losses, losses_prov = read_table(args.losses, columns=(*LOSS_COLUMNS, *retrained),
+                                     what="tramer-audit --losses")
     accuracy, acc_prov, source = None, None, tramer.OWN_RUNS
     if args.accuracy is not None:
-        accuracy, acc_prov = read_table(args.accuracy)
+        accuracy, acc_prov = read_table(args.accuracy,
+                                        columns=(*tramer.RUN_KEY, "loss", "test_acc"),
+                                        what="tramer-audit --losses (of re-trained runs)")
         where = acc_prov.get("device", {}).get("device")
         source = f"re-trained{f' on {where}' if where else ''} with the same seeds"
     try:

@@ -67,6 +67,8 @@ FEATURE_KEYS = ("public_images", "private_images", "test_images", "pretrain_epoc
 COLUMNS = ("figure", "dataset", "level", "sigma", "sigma_pca", "lot_size", "n_train",
            "epoch", "steps", "lr", "train_acc", "test_acc", "eps", "delta", "accountant",
            "eps_target", "seed", "pretrained_on")
+#: The columns :func:`summary` shows (beside the paper's test accuracy).
+SUMMARY_COLUMNS = ("figure", "dataset", "level", "epoch", "train_acc", "test_acc", "eps")
 
 
 def dp_pca(X: np.ndarray, dims: int, sigma_pca: float, rng: np.random.Generator) -> np.ndarray:

@@ -299,6 +299,10 @@ GROUPS = (("validation", False), ("validation", True), ("evaluation", False),
           ("evaluation", True))
 #: ``test_acc_source`` of an audit whose accuracies are those of its own runs.
 OWN_RUNS = "the audited runs"
+#: The columns of the audit table that :func:`reaudit` reads (the rest it keeps).
+REAUDIT_COLUMNS = ("implementation", "claimed_eps", "delta", "alpha", "runs", "val_runs")
+#: The columns that name one run in a losses table: re-trained runs are matched on them.
+RUN_KEY = ("implementation", "split", "canary_in", "run", "seed")
 
 
 def audit_loss_table(losses: pd.DataFrame, claimed_eps: float, delta: float,
@@ -443,7 +447,7 @@ def reaudit(table: pd.DataFrame, losses: pd.DataFrame, accuracy: pd.DataFrame | 
         raise ValueError("no test accuracy: neither the losses nor an accuracy table has a "
                          "test_acc column (audits before test accuracy was recorded: pass "
                          "the losses table of a re-training of some of the same runs)")
-    key = ["implementation", "split", "canary_in", "run", "seed"]
+    key = list(RUN_KEY)
     if accuracy is not None:
         found = accuracy[key].merge(losses[key], how="left", indicator=True)
         stray = found[found._merge != "both"]
@@ -476,7 +480,7 @@ def compare_retrained(losses: pd.DataFrame, retrained: pd.DataFrame) -> pd.DataF
     but the distributions should not."""
     from scipy import stats
 
-    key = ["implementation", "split", "canary_in", "run", "seed"]
+    key = list(RUN_KEY)
     both = retrained[key + ["loss"]].merge(losses[key + ["loss"]], on=key,
                                            suffixes=("_retrained", ""))
     rows = []
@@ -488,7 +492,8 @@ def compare_retrained(losses: pd.DataFrame, retrained: pd.DataFrame) -> pd.DataF
 
 
 __all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "SPEC_KEYS", "GROUPS", "OWN_RUNS",
-           "SEED_CHECK", "CONTRACT", "Unauditable", "run_seeds", "trainer_digest", "train_runs",
+           "REAUDIT_COLUMNS", "RUN_KEY", "SEED_CHECK", "CONTRACT", "Unauditable", "run_seeds",
+           "trainer_digest", "train_runs",
            "check_options", "check_seeds", "accuracy_columns", "mu_claimed", "audit_counts",
            "audit_losses", "audit_loss_table", "max_eps_lb", "min_runs",
            "audit_implementation", "reaudit", "compare_retrained"]

@@ -26,6 +26,9 @@ _PAPER_DATA = {"fig3": "MNIST", "fig6": "CIFAR-10"}
 #: A level has reached its eps target (and is comparable with the paper's accuracy there)
 #: once its eps is at least this fraction of it: whole epochs stop a little short.
 REACHED = 0.98
+#: The columns of the abadi-table table that :func:`plot_abadi` reads.
+COLUMNS = ("figure", "dataset", "level", "sigma", "sigma_pca", "lot_size", "n_train", "epoch",
+           "train_acc", "test_acc", "eps", "delta", "accountant", "eps_target", "pretrained_on")
 
 
 def _pretrained(value) -> str:
@@ -52,7 +55,7 @@ def _level_title(figure: str, rows, index: int) -> str:
 def plot_abadi(table: str | os.PathLike, fig_name: str, out: str | os.PathLike) -> None:
     """Draw Figure 3 (``fig_name="fig3"``) or 6 (``"fig6"``) from the accuracy table. Each
     panel's last test accuracy and eps go in its title, clear of the lines and ticks."""
-    df, _ = read_table(table)
+    df, _ = read_table(table, columns=COLUMNS, what="abadi-table")
     df = df[df.figure == fig_name]
     if df.empty:
         raise ValueError(f"{table}: no rows of figure {fig_name!r}")

@@ -20,6 +20,9 @@ _ABADI = {
     "pld": ("PLD (tight)", COLORS["theory"], "-"),
     "gdp": ("GDP CLT (asymptotic)", "#2ca02c", ":"),
 }
+#: The columns of each accounting-curves table that its figure reads.
+COLUMNS = {"abadi": ("method", "epochs", "eps", "sample_rate", "sigma", "delta"),
+           "composition": ("method", "k", "eps", "eps0", "delta_prime")}
 #: Each accountant's name in a figure (``abadi.accountant``, ``accounting.METHODS``).
 ACCOUNTANTS = {method: label for method, (label, _, _) in _ABADI.items()}
 _COMPOSITION = {
@@ -43,7 +46,8 @@ def _lines(ax, df, x: str, styles: dict) -> None:
 def plot_abadi_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     """eps vs epochs for q, sigma, delta of the table: linear axes as in [ACG+16] Fig. 2
     (left) and a log scale separating the accountants (right)."""
-    df, _ = read_table(table)
+    df, _ = read_table(table, columns=COLUMNS["abadi"],
+                       what="accounting-curves --figure abadi")
     first = df.iloc[0]
     fig, axes = figure(1, 2)
     for ax, log in zip(axes, (False, True)):
@@ -65,7 +69,8 @@ def plot_abadi_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
 def plot_composition(table: str | os.PathLike, out: str | os.PathLike) -> None:
     """eps of k-fold composition of eps0-DP steps at delta' against k (the CSCI 699
     Week 4 lecture's graph)."""
-    df, _ = read_table(table)
+    df, _ = read_table(table, columns=COLUMNS["composition"],
+                       what="accounting-curves --figure composition")
     first = df.iloc[0]
     fig, ax = figure()
     _lines(ax, df, "k", _COMPOSITION)

@@ -30,6 +30,9 @@ LABELS = {
 }
 #: Largest difference of the means at which a line is said to coincide with ``eps_lb``.
 SAME = 0.01
+#: The columns of the hw3-audit table that :func:`plot_grid` reads.
+COLUMNS = ("calibration", "eps", "m", "d", "repeat", "delta", "beta", "true_eps", "eps_lb",
+           "eps_lb_fdp", "eps_lb_pure", "eps_lb_pure_hoeffding", "eps_hat_max")
 
 
 def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> None:
@@ -54,7 +57,7 @@ def plot_grid(table: str | os.PathLike, grid: str, out: str | os.PathLike) -> No
     """
     if grid not in _XLABEL:
         raise ValueError(f"grid={grid!r}: must be one of {sorted(_XLABEL)}")
-    df, _ = read_table(table)
+    df, _ = read_table(table, columns=COLUMNS, what="hw3-audit")
     cals = list(dict.fromkeys(df.calibration))
     means = {cal: df[df.calibration == cal].groupby(grid).agg(
         lb=("eps_lb", "mean"), lo=("eps_lb", "min"), hi=("eps_lb", "max"),

@@ -28,6 +28,15 @@ def _x_positions(eps_th: np.ndarray) -> tuple[np.ndarray, float]:
 REPLACING = ("backdoor", "clipbkd")
 
 
+#: The columns of the jagielski-audit table that :func:`plot_fig2` reads (others where the
+#: table has them).
+FIG2_COLUMNS = ("dataset", "arch", "attack", "eps_th", "eps_pld_replace", "eps_lb", "trials",
+                "jpeg_reencoded")
+#: The columns of the Table 2 table that :func:`plot_table2` reads (the split where it has it).
+HEATMAP_COLUMNS = ("dataset", "arch", "init", "clip", "eps_label", "eps_lb",
+                   "eps_lb_paper_rule", "paper_eps_lb", "trials")
+
+
 #: How the re-split whiskers are drawn (Figure 2 and the Table 2 heatmap say the same).
 SPLIT_LABEL = ("whiskers: 5th-95th percentile of the 99% bound over 200 re-splits\n"
                "of the same trials (a diagnostic of the split, not a bound)")
@@ -58,7 +67,7 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     Each line joins the finite eps_th only; the point at eps_th = inf stands apart. The y
     axis is linear within +-0.01 (symlog), so cells that certify nothing sit on 0. Data
     sets in rows, models in columns; the legend sits below the panels, inside the figure."""
-    df = read_result_table(table)
+    df = read_result_table(table, FIG2_COLUMNS)
     datasets = [d for d in DATASET_NAMES if (df.dataset == d).any()]
     archs = [a for a in ARCH_NAMES if (df.arch == a).any()]
     # data sets in rows, models in columns: a page a report can show at its width
@@ -173,7 +182,7 @@ def plot_table2(table: str | os.PathLike, out: str | os.PathLike) -> None:
     clipping norm, each cell annotated "ours (paper)", then "[certified]", the certified
     99% bound ``eps_lb`` (Bonferroni over k), then its 5th-95th percentile over random
     re-splits of the trials (a diagnostic, not a bound) where the table has them."""
-    df = read_result_table(table)
+    df = read_result_table(table, HEATMAP_COLUMNS, "jagielski-audit --experiment table2")
     inits = sorted(df.init.unique(), key=init_order)
     clips = sorted(df["clip"].unique())
     df["eps_label"] = df.eps_label.map(eps_label)

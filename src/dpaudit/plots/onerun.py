@@ -16,6 +16,12 @@ from .style import figure, legend_below, save
 LINES = {("input", "black-box"): ("black-box input canaries", "#2ca02c"),
          ("dirac", "last-iterate"): ("white-box Dirac canaries, last iterate", "#1f77b4"),
          ("dirac", "all-iterates"): ("white-box Dirac canaries, all iterates", "#d62728")}
+#: The columns of the onerun-audit table that :func:`plot_onerun` reads.
+COLUMNS = ("arch", "eps_label", "canary", "threat_model", "m", "repeat", "delta", "eps_pld",
+           "eps_lb", "eps_lb_fdp")
+#: The columns of the many-model (jagielski-audit) table that it reads.
+MANY_MODEL_COLUMNS = ("dataset", "arch", "attack", "eps_label", "trials", "eps_lb",
+                      "eps_lb_best_k")
 
 
 def _order(labels) -> list[str]:
@@ -38,11 +44,11 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
       input canaries, which add rows): eps at the table's delta by PLD of each canary
       type's training; without noise there is none.
     """
-    df, _ = read_table(table)
+    df, _ = read_table(table, columns=COLUMNS, what="onerun-audit")
     df["eps_label"] = df.eps_label.map(eps_label)
     mm = None
     if many_model is not None:
-        mm, _ = read_table(many_model)
+        mm, _ = read_table(many_model, columns=MANY_MODEL_COLUMNS, what="jagielski-audit")
         mm = mm[(mm.dataset == "fmnist") & (mm.attack == "clipbkd")].copy()
         mm["eps_label"] = mm.eps_label.map(eps_label)
     archs = [a for a in ARCH_NAMES if (df.arch == a).any()]

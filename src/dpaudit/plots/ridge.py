@@ -9,13 +9,16 @@ import numpy as np
 from ..io import read_table
 from .style import COLORS, figure, legend_below, save
 
+#: The columns of the ridge-audit table that :func:`plot_audit` reads.
+COLUMNS = ("rho", "repeat", "delta", "m", "d", "n", "eps_lb", "eps_lb_fdp", "eps_hat_max",
+           "eps_theory_bs", "eps_theory_exact")
 
 def plot_audit(table: str | os.PathLike, out: str | os.PathLike) -> None:
     """``eps_lb`` (the (eps, delta) bound at 95%, Bonferroni over the tested k; mean over
     repeats of these per-run bounds, which is no 95% bound itself; min-max bars) against the theoretical eps at the audit's delta, once per zCDP->DP
     conversion; ``eps_lb_fdp`` (f-DP analysis) and the homework-style ``eps_hat_max``
     (an estimate) against the exact conversion; the ``y = x`` line."""
-    df, _ = read_table(table)
+    df, _ = read_table(table, columns=COLUMNS, what="ridge-audit")
     g = df.groupby("rho").agg(lb=("eps_lb", "mean"), lo=("eps_lb", "min"),
                               hi=("eps_lb", "max"), nominal=("eps_hat_max", "mean"),
                               fdp=("eps_lb_fdp", "mean"),

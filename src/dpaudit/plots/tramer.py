@@ -15,6 +15,13 @@ FLOOR = 1e-4
 #: Bins of the histograms, geometric from FLOOR to the largest finite loss.
 BINS = 59
 SIDES = ((True, "with canary", COLORS["backdoor"]), (False, "without canary", COLORS["theory"]))
+#: The columns of the audit table (tramer-audit) that :func:`plot_canary_losses` reads.
+AUDIT_COLUMNS = ("implementation", "claimed_eps", "delta", "alpha", "runs", "tpr", "fpr",
+                 "threshold", "eps_lb", "mu_lb", "verdict")
+#: The columns of the per-run losses (tramer-audit --losses) that :func:`loss_histogram` reads.
+LOSS_COLUMNS = ("implementation", "split", "canary_in", "loss")
+#: The columns of a :func:`loss_histogram` table (tramer-reaudit --hist).
+HIST_COLUMNS = ("implementation", "canary_in", "lo", "hi", "count")
 
 
 def loss_histogram(losses: pd.DataFrame) -> pd.DataFrame:
@@ -55,8 +62,10 @@ def plot_canary_losses(table: str | os.PathLike, out: str | os.PathLike, *,
     its :func:`loss_histogram` table ``hist`` (exactly one)."""
     if (losses is None) == (hist is None):
         raise ValueError("plot_canary_losses: give exactly one of losses and hist")
-    audit, _ = read_table(table)
-    counts = loss_histogram(read_table(losses)[0]) if hist is None else read_table(hist)[0]
+    audit, _ = read_table(table, columns=AUDIT_COLUMNS, what="tramer-audit")
+    counts = (loss_histogram(read_table(losses, columns=LOSS_COLUMNS,
+                                        what="tramer-audit --losses")[0]) if hist is None
+              else read_table(hist, columns=HIST_COLUMNS, what="tramer-reaudit --hist")[0])
     edges = np.append(np.sort(counts.lo.unique()), counts.hi.max())
     fig, axes = figure(1, len(audit), squeeze=False, sharey=True)
     for ax, row in zip(axes[0], audit.itertuples()):

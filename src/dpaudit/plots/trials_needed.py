@@ -18,6 +18,8 @@ STYLES = {"eps_lb": ("#1f77b4", "-", "o"), "eps_lb_katz": ("#ff7f0e", "--", "v")
           "eps_lb_bayes": ("#2ca02c", "--", "s"), "eps_lb_gdp": ("#7f7f7f", ":", "x")}
 #: Methods the panels are not scaled to (they may leave the panel at the top).
 UNSCALED = ["eps_lb_gdp"]
+#: The columns that tell the cells apart, in the table and in its summary.
+CELL = ("dataset", "arch", "clip", "init", "attack", "eps_label")
 
 
 def plot_trials_needed(table: str | os.PathLike, summary: str | os.PathLike,
@@ -26,11 +28,13 @@ def plot_trials_needed(table: str | os.PathLike, summary: str | os.PathLike,
     trials per side (log axis), the 25-75% range shaded, the common target (the summary's
     fraction of the certified bound's full-count median) as a horizontal line, and a
     vertical line where each method's median reaches it."""
-    df, meta = read_table(table)
-    summ, _ = read_table(summary)
+    df, meta = read_table(table, columns=(*CELL, "n", "subsample", *METHODS),
+                          what="trials-needed --out")
+    summ, _ = read_table(summary, columns=(*CELL, "method", "target", "n_needed", "at_first"),
+                         what="trials-needed --summary")
     fraction = meta["spec"]["fraction"]
     alpha = meta["audit"]["alpha"]
-    keys = ["dataset", "arch", "clip", "init", "attack", "eps_label"]
+    keys = list(CELL)
     cells = list(df.groupby(keys, sort=False))
     fig, axes = figure(1, len(cells), squeeze=False)
     for ax, (cell, grp) in zip(axes[0], cells):

@@ -211,9 +211,11 @@ def read_scores(path) -> tuple[pd.DataFrame, dict]:
     and for every side of its attack and ``ks``, the ``trials`` its provenance records,
     trials 0 to T - 1, each with a finite score and test accuracy. BadInputFile naming
     the file otherwise."""
-    from ...io import BadInputFile, read_table
+    from ...io import BadInputFile, read_table, require_columns
 
-    scores, prov = read_table(path)
+    # the columns of every attack first; its own scores once its provenance names it
+    scores, prov = read_table(path, columns=("side", "trial", "test_acc"),
+                              what="jagielski-train")
     cell, spec = prov.get("cell"), prov.get("spec")
     if not (isinstance(cell, dict) and isinstance(spec, dict)
             and {"trials", "ks"} <= set(spec) and cell.get("attack") in STATISTICS):
@@ -221,9 +223,7 @@ def read_scores(path) -> tuple[pd.DataFrame, dict]:
                                  "in its provenance)")
     want, trials = side_names(cell["attack"], spec["ks"]), int(spec["trials"])
     columns = ["side", "trial", *score_columns(cell["attack"])]
-    missing = [c for c in columns if c not in scores]
-    if missing:
-        raise BadInputFile(path, f"no column {', '.join(missing)}")
+    require_columns(scores, prov, path, columns, "jagielski-train")
     for side in want:
         got = scores.trial[scores.side == side]
         if sorted(got) != list(range(trials)):
@@ -239,14 +239,14 @@ def read_scores(path) -> tuple[pd.DataFrame, dict]:
     return scores, prov
 
 
-def read_result_table(path) -> pd.DataFrame:
+def read_result_table(path, columns=(), what: str = "jagielski-audit") -> pd.DataFrame:
     """A Figure 2 or Table 2 table (``jagielski-audit``), checked before it is shown: the
-    content hash where one is recorded (:func:`dpaudit.io.read_table`), and the trials of
-    every row as its provenance's spec records them. BadInputFile naming the file
-    otherwise."""
+    content hash where one is recorded and the ``columns`` the caller reads (``what``: the
+    kind of table; :func:`dpaudit.io.read_table`), and the trials of every row as its
+    provenance's spec records them. BadInputFile naming the file otherwise."""
     from ...io import BadInputFile, read_table
 
-    table, prov = read_table(path)
+    table, prov = read_table(path, columns=columns, what=what)
     spec = prov.get("spec")
     trials = spec.get("trials") if isinstance(spec, dict) else None
     if trials is not None and "trials" in table and not (table.trials == trials).all():
