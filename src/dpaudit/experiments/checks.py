@@ -169,9 +169,6 @@ def problems(config: dict) -> list[str]:
             found.append(f"tight.eps: {label!r} has no noise multiplier: add it to "
                          f"tight.noise (keys of jagielski.datasets.fmnist.noise: "
                          f"{sorted(jag['datasets']['fmnist']['noise'])})")
-        elif (value == math.inf) != (noise[label] == 0):
-            found.append(f"tight.eps: {label!r} has noise multiplier {noise[label]}: only the "
-                         "label inf trains without noise")
     bb = tight["blackbox"]
     if bb["n_aux"] + bb["n"] > JAGIELSKI_N["fmnist"]:
         found.append(f"tight.blackbox.n_aux + tight.blackbox.n = {bb['n_aux'] + bb['n']}: "

@@ -29,7 +29,7 @@ def plot_tight(table: str | os.PathLike, out: str | os.PathLike) -> None:
     - per audit method (colour): solid, filled markers: the certified Clopper-Pearson bound;
       dashed, hollow: the GDP estimate (assumes the Gaussian trade-off curve: no bound);
     - black line at 1: ``eps_th`` itself (PLD); dash-dot grey: the ``rdp_classic`` eps of
-      the same training (the accountant the noise table was calibrated with);
+      the same training (the accountant of the white box's noise table);
     - grey diamonds on a dotted line: the last-iterate heuristic (Steinke et al. 2025), a
       theory line for the final model with linear losses, not a measurement.
 
@@ -51,7 +51,7 @@ def plot_tight(table: str | os.PathLike, out: str | os.PathLike) -> None:
         cells = sub.drop_duplicates("eps_label")
         ax.axhline(1.0, color="black", lw=1.2, label="eps_th (PLD accountant, add/remove)")
         ax.plot(cells.eps_th, cells.eps_rdp / cells.eps_th, "-.", color="#7f7f7f", lw=1,
-                label="rdp_classic eps of the same training (the noise table's accountant)")
+                label="eps of the same training by rdp_classic (a looser accountant)")
         li = sub[sub.method == "last-iterate-heuristic"]
         ax.plot(li.eps_th, li.eps_lb_ratio, "D:", color="#555555", ms=5, lw=1,
                 label="last-iterate heuristic (theory for linear losses, not a "
@@ -76,5 +76,6 @@ def plot_tight(table: str | os.PathLike, out: str | os.PathLike) -> None:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     legend_below(fig, axes, list(handles.values()), list(handles),
-                 title="certified bounds at 1 - alpha (Clopper-Pearson, held-out threshold)")
+                 title=f"certified bounds at {100 * (1 - df.alpha.dropna().iloc[0]):g}% "
+                       "(Clopper-Pearson, threshold chosen on the other half of the runs)")
     save(fig, out)
