@@ -166,6 +166,26 @@ def test_figure_legend_names_only_drawn_lines_certified_solid_estimates_dashed(r
     assert all(np.isfinite(ln.get_xdata()).all() for ln in lines if len(ln.get_xdata()) > 2)
 
 
+@pytest.mark.parametrize("fault", ["missing", "foreign"])
+@pytest.mark.parametrize("command", ["tight-blackbox-audit", "tight-table", "tight-plot"])
+def test_a_bad_input_file_is_named_and_nothing_is_written(run, tmp_path, capsys, command,
+                                                         fault):
+    """A missing file, or a file of another step (a result table where the task belongs,
+    a task where a table belongs), stops with exit 2 naming it."""
+    bad = tmp_path / "bad"
+    if fault == "foreign":
+        bad.write_bytes((run / ("wb.csv" if command == "tight-blackbox-audit"
+                                else "task.npz")).read_bytes())
+    out = tmp_path / "out.csv"
+    argv = {"tight-blackbox-audit": ["--task", str(bad), "--spec", json.dumps(BLACKBOX),
+                                     "--seed", "0", "--device", "cpu"],
+            "tight-table": ["--whitebox", str(bad)], "tight-plot": ["--table", str(bad)]}
+    assert main([command, *argv[command], "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def _config(name="config.yaml") -> dict:
     return yaml.safe_load((ROOT / "config" / name).read_text())
 

@@ -43,7 +43,7 @@ def _audit(args) -> None:
     import pandas as pd
 
     from .. import dpsgd, features
-    from ..experiments.jagielski import Task
+    from ..experiments.jagielski import TASK_ARRAYS, Task
     from ..experiments.tight import whitebox
     from ..io import write_table
 
@@ -58,7 +58,7 @@ def _audit(args) -> None:
     if not spec["eps"] or missing:
         raise SpecError(f"--spec.eps={spec['eps']!r}: must be a non-empty list of keys of "
                         f"--train.noise (allowed: {sorted(train['noise'])})")
-    arrays, task_prov = features.load_features(args.task)
+    arrays, task_prov = features.load_features(args.task, TASK_ARRAYS)
     task = Task.from_arrays(arrays)
     log, device, rows = say("tight-whitebox-audit"), resolve(args.device), []
     for arch in spec["archs"]:
@@ -96,7 +96,7 @@ def _blackbox(args) -> None:
     import pandas as pd
 
     from .. import dpsgd, features
-    from ..experiments.jagielski import Task
+    from ..experiments.jagielski import TASK_ARRAYS, Task
     from ..experiments.tight import blackbox
     from ..io import write_table
 
@@ -115,7 +115,7 @@ def _blackbox(args) -> None:
     if not labels or any(not v > 0 for _, v in labels):  # nan fails too
         raise SpecError(f"--spec.eps={spec['eps']!r}: must be a non-empty list of eps labels, "
                         f"numbers > 0 or \"inf\"")
-    arrays, task_prov = features.load_features(args.task)
+    arrays, task_prov = features.load_features(args.task, TASK_ARRAYS)
     task = Task.from_arrays(arrays)
     log, device, rows = say("tight-blackbox-audit"), resolve(args.device), []
     for arch in spec["archs"]:
@@ -208,7 +208,7 @@ def register(subparsers) -> None:
     p.add_argument("--train", type=spec_arg, required=True,
                    help=f"DP-SGD set-up, JSON with keys {', '.join(TRAIN_KEYS)} (noise: "
                         f"{{eps label: noise multiplier}})")
-    p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
     p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
     p.set_defaults(func=_audit)
