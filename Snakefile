@@ -59,6 +59,7 @@ include: "workflow/rules/trials_needed.smk"
 include: "workflow/rules/onerun.smk"
 include: "workflow/rules/tramer.smk"
 include: "workflow/rules/abadi.smk"
+include: "workflow/rules/tight.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -1,19 +1,32 @@
-"""``dpaudit tight-whitebox-audit``: the white-box multi-run audit of DP-SGD (Nasr et al.
-2023) on a Jagielski task, one row per arch x eps label x method
-(:mod:`dpaudit.experiments.tight.whitebox`)."""
+"""Tight audits of DP-SGD (:mod:`dpaudit.experiments.tight`): ``dpaudit
+tight-whitebox-audit``, the white-box multi-run audit (Nasr et al. 2023), and ``dpaudit
+tight-blackbox-audit``, the worst-case-init black-box audit (Annamalai and De Cristofaro
+2024), each one row per arch x eps label x method on a Jagielski task; ``dpaudit
+tight-table`` puts both beside the last-iterate heuristic (Steinke et al. 2025) in one
+table, and ``dpaudit tight-plot`` draws it."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..config import SpecError
 from ..device import DEVICES, resolve
-from . import say, spec_arg
+from . import say, seed_arg, spec_arg
 
 #: Keys of ``--train``: the DP-SGD set-up of the FMNIST cells of Jagielski et al. 2020.
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "hidden", "noise", "clip")
 #: Keys of ``--spec``: what the audit runs and its statistics.
 SPEC_KEYS = ("runs", "archs", "eps", "alpha", "delta", "select_frac")
+#: Keys of the black-box ``--spec``: runs, cells and statistics, the model's hidden width,
+#: and the full-batch set-up of the config's ``tight.blackbox``.
+BLACKBOX_KEYS = ("runs", "archs", "eps", "alpha", "delta", "hidden", "n_aux", "n", "steps",
+                 "lr", "clip", "canary", "inits")
+#: Columns of ``results/tight_audit.csv``, in order (docs/results.md).
+TABLE_COLUMNS = ("method", "threat_model", "relation", "kind", "setting", "arch",
+                 "eps_label", "eps_th", "eps_rdp", "eps_lb", "certified", "runs", "mu_lb",
+                 "eps_lb_gdp", "tpr", "fpr", "auc", "eps_lb_ratio", "noise", "q", "steps",
+                 "n", "alpha", "delta", "seed")
 
 
 def _keys(value: dict, allowed: tuple, flag: str) -> None:
@@ -30,7 +43,7 @@ def _audit(args) -> None:
     import pandas as pd
 
     from .. import dpsgd, features
-    from ..experiments.jagielski import Task
+    from ..experiments.jagielski import TASK_ARRAYS, Task
     from ..experiments.tight import whitebox
     from ..io import write_table
 
@@ -45,7 +58,7 @@ def _audit(args) -> None:
     if not spec["eps"] or missing:
         raise SpecError(f"--spec.eps={spec['eps']!r}: must be a non-empty list of keys of "
                         f"--train.noise (allowed: {sorted(train['noise'])})")
-    arrays, task_prov = features.load_features(args.task)
+    arrays, task_prov = features.load_features(args.task, TASK_ARRAYS)
     task = Task.from_arrays(arrays)
     log, device, rows = say("tight-whitebox-audit"), resolve(args.device), []
     for arch in spec["archs"]:
@@ -68,6 +81,123 @@ def _audit(args) -> None:
                  "seed": args.seed, "device": args.device, "task": task_prov})
 
 
+def blackbox_noise(label: str, steps: int, delta: float) -> float:
+    """The noise multiplier of full-batch DP-SGD (sample rate 1, ``steps`` steps) whose
+    add/remove eps at ``delta`` by PLD is the eps label (the rows' ``eps_th``); 0 for
+    ``inf``."""
+    from .. import accounting
+
+    eps = float(label)
+    return 0.0 if eps == math.inf else accounting.noise_multiplier(eps, 1.0, steps, delta,
+                                                                   "pld")
+
+
+def _blackbox(args) -> None:
+    import pandas as pd
+
+    from .. import dpsgd, features
+    from ..experiments.jagielski import TASK_ARRAYS, Task
+    from ..experiments.tight import blackbox
+    from ..io import write_table
+
+    spec = args.spec
+    _keys(spec, BLACKBOX_KEYS, "--spec")
+    bad = [a for a in spec["archs"] if a not in dpsgd.ARCHS]
+    if not spec["archs"] or bad:
+        raise SpecError(f"--spec.archs={spec['archs']!r}: must be a non-empty list of "
+                        f"{list(dpsgd.ARCHS)}")
+    labels = []
+    for label in spec["eps"]:
+        try:
+            labels.append((label, float(label)))
+        except (TypeError, ValueError):
+            labels.append((label, math.nan))
+    if not labels or any(not v > 0 for _, v in labels):  # nan fails too
+        raise SpecError(f"--spec.eps={spec['eps']!r}: must be a non-empty list of eps labels, "
+                        f"numbers > 0 or \"inf\"")
+    arrays, task_prov = features.load_features(args.task, TASK_ARRAYS)
+    task = Task.from_arrays(arrays)
+    log, device, rows = say("tight-blackbox-audit"), resolve(args.device), []
+    for arch in spec["archs"]:
+        model = dpsgd.ModelSpec(arch, task.X.shape[1], spec["hidden"])
+        for label, _ in labels:
+            try:
+                noise = blackbox_noise(label, spec["steps"], spec["delta"])
+                setting = blackbox.FullBatch(spec["steps"], spec["lr"], spec["clip"], noise)
+                got = blackbox.audit(task, model, setting, spec["runs"], args.seed,
+                                     tuple(spec["inits"]), spec["canary"], spec["n_aux"],
+                                     spec["n"], spec["alpha"], spec["delta"], device=device,
+                                     log=log)
+            except ValueError as exc:  # a bad runs, size, canary or init, by name
+                raise SpecError(f"--spec: {exc}") from exc
+            rows += [{"eps_label": label, "hidden": spec["hidden"] if arch != "lr" else "",
+                      **r} for r in got]
+            log(f"{arch} eps {label}: " + ", ".join(
+                f"{r['method']} eps_lb {r['eps_lb']:.3f}" for r in got)
+                + f" (eps_th {got[0]['eps_th']:.3g})")
+    write_table(pd.DataFrame(rows), args.out,
+                {"command": "tight-blackbox-audit", "spec": spec, "seed": args.seed,
+                 "device": args.device, "task": task_prov})
+
+
+def assemble(whitebox, blackbox) -> "pd.DataFrame":
+    """The rows of ``results/tight_audit.csv`` (:data:`TABLE_COLUMNS`) from the tables of
+    ``tight-whitebox-audit`` and ``tight-blackbox-audit`` (either may be None): every audit
+    row (``kind`` measurement), the white-box GDP estimates as rows of their own (method
+    ``<method>-gdp``, ``certified`` False, as the black-box table has them), and per set-up
+    (``setting`` x arch x eps label) one ``last-iterate-heuristic`` row: the eps of
+    releasing only the last iterate with linear losses (Steinke et al. 2025), a theory line
+    (``kind`` theory, ``certified`` False, no runs), not a measurement."""
+    import pandas as pd
+
+    from ..experiments.jagielski import eps_label
+    from ..last_iterate import last_iterate_epsilon
+
+    parts = []
+    if whitebox is not None:
+        wb = whitebox.assign(setting="poisson")
+        gdp = wb.assign(method=wb.method + "-gdp", eps_lb=wb.eps_lb_gdp, certified=False)
+        parts += [wb, gdp]
+    if blackbox is not None:
+        parts.append(blackbox.rename(columns={"noise_multiplier": "noise"})
+                     .assign(setting="full-batch", q=1.0))
+    if not parts:
+        raise ValueError("no audit table given")
+    df = pd.concat(parts, ignore_index=True)
+    df["eps_label"] = df.eps_label.map(eps_label)
+    df["kind"] = "measurement"
+    theory = df.drop_duplicates(["setting", "arch", "eps_label"]).copy()
+    theory["eps_lb"] = [last_iterate_epsilon(r.noise, r.q, int(r.steps), r.delta)
+                        for r in theory.itertuples()]
+    theory = theory.assign(method="last-iterate-heuristic", threat_model="last-iterate",
+                           kind="theory", certified=False, runs=0)
+    for column in ("mu_lb", "eps_lb_gdp", "tpr", "fpr", "auc", "alpha", "seed"):
+        theory[column] = math.nan
+    df = pd.concat([df, theory], ignore_index=True)
+    df["eps_lb_ratio"] = df.eps_lb / df.eps_th  # 0 where eps_th is inf
+    df["certified"] = df.certified.astype(bool)
+    return df[list(TABLE_COLUMNS)].sort_values(
+        ["setting", "arch", "eps_th", "kind", "method"], kind="stable").reset_index(drop=True)
+
+
+def _table(args) -> None:
+    from ..io import read_table, write_table
+
+    tables = {name: read_table(path) if path else (None, None)
+              for name, path in (("whitebox", args.whitebox), ("blackbox", args.blackbox))}
+    if all(df is None for df, _ in tables.values()):
+        raise SpecError("tight-table: give --whitebox, --blackbox or both")
+    df = assemble(tables["whitebox"][0], tables["blackbox"][0])
+    write_table(df, args.out, {"command": "tight-table",
+                               **{f"{k}_table": prov for k, (_, prov) in tables.items()}})
+
+
+def _plot(args) -> None:
+    from ..plots.tight import plot_tight
+
+    plot_tight(args.table, args.out)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("tight-whitebox-audit",
                               help="white-box multi-run audit of DP-SGD (gradient canary, "
@@ -78,7 +208,31 @@ def register(subparsers) -> None:
     p.add_argument("--train", type=spec_arg, required=True,
                    help=f"DP-SGD set-up, JSON with keys {', '.join(TRAIN_KEYS)} (noise: "
                         f"{{eps label: noise multiplier}})")
-    p.add_argument("--seed", type=int, required=True, help="run seed (config `seed`)")
+    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
     p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
     p.set_defaults(func=_audit)
+
+    p = subparsers.add_parser("tight-blackbox-audit",
+                              help="black-box audit of full-batch DP-SGD from worst-case "
+                                   "initial parameters (final model only)")
+    p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
+    p.add_argument("--spec", type=spec_arg, required=True,
+                   help=f"JSON with keys {', '.join(BLACKBOX_KEYS)} (runs per side; the "
+                        f"noise of each eps label is calibrated by PLD)")
+    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
+    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+    p.set_defaults(func=_blackbox)
+
+    p = subparsers.add_parser("tight-table", help="the tight audits and the last-iterate "
+                                                  "heuristic in one table")
+    p.add_argument("--whitebox", type=Path, default=None, help="CSV from tight-whitebox-audit")
+    p.add_argument("--blackbox", type=Path, default=None, help="CSV from tight-blackbox-audit")
+    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+    p.set_defaults(func=_table)
+
+    p = subparsers.add_parser("tight-plot", help="draw how tight each audit is against eps_th")
+    p.add_argument("--table", type=Path, required=True, help="CSV from tight-table")
+    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.set_defaults(func=_plot)

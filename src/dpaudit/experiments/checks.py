@@ -8,6 +8,7 @@ the keys and what is allowed."""
 from __future__ import annotations
 
 import json
+import math
 
 from ..config import SpecError
 from ..dpsgd import ModelSpec
@@ -163,6 +164,24 @@ def problems(config: dict) -> list[str]:
             found.append(f"abadi.fig6.sigma=0 with abadi.fig6.levels[{i}].eps={level['eps']}: "
                          "without noise eps = inf, so no target can stop the level; set its "
                          "eps to null or abadi.fig6.sigma > 0")
+
+    tight = config["tight"]
+    noise = {**tight["noise"], **jag["datasets"]["fmnist"]["noise"]}
+    for label in tight["eps"]:
+        try:
+            value = float(label)
+        except ValueError:
+            value = math.nan
+        if not value > 0:
+            found.append(f"tight.eps: {label!r} is not an eps label (a number > 0 or \"inf\")")
+        elif label not in noise:
+            found.append(f"tight.eps: {label!r} has no noise multiplier: add it to "
+                         f"tight.noise (keys of jagielski.datasets.fmnist.noise: "
+                         f"{sorted(jag['datasets']['fmnist']['noise'])})")
+    bb = tight["blackbox"]
+    if bb["n_aux"] + bb["n"] > JAGIELSKI_N["fmnist"]:
+        found.append(f"tight.blackbox.n_aux + tight.blackbox.n = {bb['n_aux'] + bb['n']}: "
+                     f"must be <= {JAGIELSKI_N['fmnist']}, the rows of the FMNIST task")
     return found
 
 

@@ -1,0 +1,130 @@
+# Tight audits of DP-SGD (docs/tight.md): the white-box multi-run audit (Nasr et al. 2023)
+# on the FMNIST cells of Jagielski et al.'s Figure 2, the worst-case-init black-box audit
+# (Annamalai and De Cristofaro 2024, full batch) on the same task, and the last-iterate
+# heuristic (Steinke et al. 2025) beside them.  Named target `tight`; not in the default
+# target (1000 runs per side and cell are hours of training).
+from dpaudit.cli.tight import SPEC_KEYS as TIGHT_WHITEBOX_KEYS
+
+TIGHT = config["tight"]
+TIGHT_FMNIST = config["jagielski"]["datasets"]["fmnist"]
+# Each eps label's noise: the Figure 2 table where it has the label, else tight.noise.
+TIGHT_NOISE = {**TIGHT["noise"], **TIGHT_FMNIST["noise"]}
+
+
+rule tight_whitebox:
+    input:
+        "results/jagielski/task_fmnist.npz",
+    output:
+        "results/tight/whitebox.csv",
+    params:
+        spec=quoted_json({k: TIGHT[k] for k in TIGHT_WHITEBOX_KEYS}),
+        train=quoted_json(
+            {
+                **{k: TIGHT_FMNIST[k] for k in ("epochs", "batch_size", "lr", "hidden")},
+                "noise": {e: TIGHT_NOISE[e] for e in TIGHT["eps"]},
+                "clip": config["jagielski"]["fig2"]["clip"],
+            }
+        ),
+        seed=config["seed"],
+        device=job_device(TIGHT["device"]),
+    threads: 2
+    resources:
+        # Models (both sides) x epochs, measured on 2 CPU cores with the quick config (91 s
+        # for 1,024).
+        **job(
+            mem_mb=2000,
+            cpu_s=0.1,
+            per=lambda wc: 2
+            * TIGHT["runs"]
+            * len(TIGHT["archs"])
+            * len(TIGHT["eps"])
+            * TIGHT_FMNIST["epochs"],
+        ),
+    log:
+        "logs/tight_whitebox.log",
+    conda:
+        ENV
+    shell:
+        "logged {log} dpaudit tight-whitebox-audit --task {input} --spec {params.spec}"
+        " --train {params.train} --device {params.device} --seed {params.seed} --out {output}"
+
+
+rule tight_blackbox:
+    input:
+        "results/jagielski/task_fmnist.npz",
+    output:
+        "results/tight/blackbox.csv",
+    params:
+        spec=quoted_json(
+            {
+                **{k: TIGHT[k] for k in ("runs", "archs", "eps", "alpha", "delta")},
+                **TIGHT["blackbox"],
+                "hidden": TIGHT_FMNIST["hidden"],
+            }
+        ),
+        seed=config["seed"],
+        device=job_device(TIGHT["device"]),
+    threads: 2
+    resources:
+        # Models (both sides, every init) x full-batch steps, measured as above (73 s for
+        # 10,240, a third of it pre-training each cell's worst-case init).
+        **job(
+            mem_mb=2000,
+            cpu_s=0.01,
+            per=lambda wc: 2
+            * TIGHT["runs"]
+            * len(TIGHT["blackbox"]["inits"])
+            * len(TIGHT["archs"])
+            * len(TIGHT["eps"])
+            * TIGHT["blackbox"]["steps"],
+        ),
+    log:
+        "logs/tight_blackbox.log",
+    conda:
+        ENV
+    shell:
+        "logged {log} dpaudit tight-blackbox-audit --task {input} --spec {params.spec}"
+        " --device {params.device} --seed {params.seed} --out {output}"
+
+
+rule tight_table:
+    input:
+        whitebox="results/tight/whitebox.csv",
+        blackbox="results/tight/blackbox.csv",
+    output:
+        "results/tight_audit.csv",
+    localrule: True
+    log:
+        "logs/tight_table.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit tight-table --whitebox {input.whitebox} --blackbox {input.blackbox}"
+        " --out {output} 2> {log}"
+
+
+rule tight_plot:
+    input:
+        "results/tight_audit.csv",
+    output:
+        pdf="figures/tight_audit.pdf",
+        png=report(
+            "figures/tight_audit.png",
+            caption="../report/tight_audit.rst",
+            category="Tight audits of DP-SGD",
+            subcategory="FMNIST, white box and black box",
+        ),
+    localrule: True
+    log:
+        "logs/tight_plot.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit tight-plot --table {input} --out {output.pdf} 2> {log}"
+
+
+# Named target: `snakemake tight`.
+rule tight:
+    input:
+        "figures/tight_audit.pdf",
+        "results/tight_audit.csv",
