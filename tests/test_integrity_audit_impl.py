@@ -198,3 +198,21 @@ def test_check_seeds_passes_exact_and_batched_runs_alike():
     tramer.check_seeds(subjects.dpsgd_fixed, X, y, [3, 1, 4, 1 << 40], spec, X[:10])
     with pytest.raises(ValueError, match="at least 2"):
         tramer.check_seeds(subjects.dpsgd_fixed, X, y, [3], spec, X[:10])
+
+
+def test_the_chance_check_refuses_user_functions_only():
+    """audit_implementation refuses models at chance unless told the function is dpaudit's
+    own (the registry subjects, which a tiny configuration may leave at chance)."""
+    X = torch.tensor([[0.0], [1.0]] * 10)
+    y = torch.tensor([0, 1] * 10)
+
+    def at_chance(X_, y_, seeds, spec):  # always class 0, deterministic in its seeds
+        return lambda x: torch.tensor([[[1.0 + s % 7, 0.0]] * len(x) for s in seeds])
+
+    canary = tramer.Canary("test", torch.tensor([0.5]), 1)
+    args = (at_chance, X, y, canary, 1.0, 1e-5, 40, 10, {}, 0)
+    with pytest.raises(tramer.Unauditable, match="at chance"):
+        tramer.audit_implementation(*args, test=(X, y), seed_check=0)
+    row, _ = tramer.audit_implementation(*args, test=(X, y), seed_check=0,
+                                         refuse_at_chance=False)
+    assert row["test_acc_mean"] == 0.5 and row["verdict"]

@@ -161,7 +161,8 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
                 spec, seed, plan["alpha"], plan["batch_runs"],
                 progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr),
                 test=test, store=where, key=key, together=together,
-                seed_check=plan["seed_check"], max_diverged=plan["max_diverged"])
+                seed_check=plan["seed_check"], max_diverged=plan["max_diverged"],
+                refuse_at_chance=fn not in subjects.SUBJECTS.values())
         except tramer.Unauditable as exc:
             raise SpecError(f"--train {target}: cannot be audited, no result written: "
                             f"{exc}") from exc

@@ -325,8 +325,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                          progress: Progress | None = None,
                          test: tuple[torch.Tensor, torch.Tensor] | None = None, store=None,
                          key: dict | None = None, together: dict | None = None,
-                         seed_check: int = SEED_CHECK, max_diverged: float = 0.0
-                         ) -> tuple[dict, pd.DataFrame]:
+                         seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
+                         refuse_at_chance: bool = True) -> tuple[dict, pd.DataFrame]:
     """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
 
     ``val_runs`` runs per side choose the canary label (if not given: least likely under
@@ -351,8 +351,10 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     audit: output that breaks the contract; runs that do not follow their seeds
     (:func:`check_seeds` on ``seed_check`` seeds of their own before any run; 0 skips
     it); more than a fraction ``max_diverged`` of runs with a non-finite canary loss
-    (diverged: they count as "out", a fixed decision); and, with ``test``, models whose
-    mean test accuracy is no better than always predicting the most frequent test class.
+    (diverged: they count as "out", a fixed decision); and, with ``test`` and
+    ``refuse_at_chance``, models whose mean test accuracy is no better than always
+    predicting the most frequent test class (a user's function that learns nothing is
+    broken; dpaudit's own subjects are not, and at a tiny scale may still learn nothing).
     The row says how many runs were usable (``usable_runs``, finite canary loss, of
     ``total_runs``), how many diverged and how many seeds were checked.
     """
@@ -413,7 +415,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     if diverged > max_diverged * len(losses):
         raise Unauditable(f"{diverged} of {len(losses)} runs diverged (non-finite canary "
                           f"loss); at most max_diverged={max_diverged:g} of them may")
-    if test is not None:
+    if test is not None and refuse_at_chance:
         chance = float(np.bincount(np.asarray(test[1])).max() / len(test[1]))
         if losses.test_acc.mean() <= chance:
             raise Unauditable(
