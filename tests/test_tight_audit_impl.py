@@ -5,7 +5,6 @@ DP-SGD subjects, at tiny scale, against the eps the accountant gives each subjec
 import logging
 import textwrap
 
-import numpy as np
 import pytest
 import torch
 
