@@ -28,11 +28,25 @@ Privacy"), who audited Backpropagation Clipping (github.com/uvm-plaid/backpropag
   calibrated to, ``input_bound * grad_bound``, is the true one.  With the bug the noise
   multiplier is effectively ``sigma / B`` instead of ``sigma``.
 
-The buggy subject is a named test subject here, never an option of the real trainer.
+A third, ``half-steps``, is correct DP-SGD whose noise is calibrated for half its steps
+(``round(T / 2)``, at least 1): it trains T steps with the noise multiplier that makes
+T / 2 of them (eps, delta)-DP, so its true eps (:func:`true_eps`) is about sqrt(2) to 2
+times the claim. A subtler bug than ``buggy``: a black-box audit of the final model
+rarely sees it, a white-box one does.
+
+The buggy subjects are named test subjects here, never options of the real trainer.
+
+Every subject accepts the two optional keywords of the tight modes of ``dpaudit
+audit-impl`` (:mod:`dpaudit.experiments.tramer`): ``init`` (a :class:`dpaudit.dpsgd.Params`
+of one model: every run starts from it, DPSGDConfig.init "fixed") and ``canaries`` (a
+:class:`dpaudit.dpsgd.GradientCanaries`: the gradient canary inserted at the data's sample
+rate; then the subject returns the trainer's :class:`dpaudit.dpsgd.CanaryRun` instead of
+predict).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from typing import Callable, Sequence
@@ -83,19 +97,30 @@ def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict):
         raise ValueError(f"spec.batch_size={spec['batch_size']}: must be in (0, n={n}]")
     steps = max(1, round(spec["epochs"] / q))
     sigma = _noise_multiplier(spec["eps"], q, steps, spec["delta"], spec.get("accountant", "rdp"))
-    model = dpsgd.ModelSpec(arch=spec.get("arch", "lr"), in_dim=X.shape[1],
-                            hidden=spec.get("hidden", 32),
-                            n_classes=int(spec.get("n_classes", int(y.max()) + 1)))
+    model = model_spec(spec, X.shape[1], int(y.max()) + 1)
     cfg = dpsgd.DPSGDConfig(epochs=spec["epochs"], batch_size=spec["batch_size"], lr=spec["lr"],
                             clip=spec["clip"], noise_multiplier=sigma, sampling="poisson")
     return model, cfg, sigma, q, steps
 
 
-def _train(X, y, seeds, spec, noise_std_of):
+def model_spec(spec: dict, in_dim: int, n_classes: int) -> dpsgd.ModelSpec:
+    """The model of a registry subject's ``spec`` (its ``arch`` and ``hidden``), the layout
+    the tight modes exchange parameters and gradient canaries in."""
+    return dpsgd.ModelSpec(arch=spec.get("arch", "lr"), in_dim=in_dim,
+                           hidden=spec.get("hidden", 32),
+                           n_classes=int(spec.get("n_classes", n_classes)))
+
+
+def _train(X, y, seeds, spec, noise_std_of, init=None, canaries=None):
     model, cfg, sigma, q, steps = _plan(X, y, spec)
-    params = dpsgd.train_with_noise_std(X, y, model, cfg, list(seeds), noise_std_of(cfg, q, spec),
-                                        device=spec.get("device", "auto"))
-    return lambda x: dpsgd.logits(params, x, model)
+    if init is not None:
+        cfg = dataclasses.replace(cfg, init="fixed")
+    out = dpsgd.train_with_noise_std(X, y, model, cfg, list(seeds),
+                                     noise_std_of(cfg, q, spec), init=init,
+                                     device=spec.get("device", "auto"), canaries=canaries)
+    if canaries is not None:
+        return out
+    return lambda x: dpsgd.logits(out, x, model)
 
 
 def _fixed_std(cfg, q, spec):
@@ -106,19 +131,42 @@ def _buggy_std(cfg, q, spec):
     return cfg.noise_multiplier * cfg.clip / cfg.batch_size
 
 
-def dpsgd_fixed(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict) -> Predict:
+def _half_steps_std(cfg, q, spec):
+    steps = max(1, round(spec["epochs"] / q))
+    return _half_steps_sigma(spec, q, steps) * cfg.clip
+
+
+def _half_steps_sigma(spec, q, steps):
+    return _noise_multiplier(spec["eps"], q, max(1, round(steps / 2)), spec["delta"],
+                             spec.get("accountant", "rdp"))
+
+
+def dpsgd_fixed(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict, *,
+                init: dpsgd.Params | None = None,
+                canaries: dpsgd.GradientCanaries | None = None):
     """Correct DP-SGD: noise std ``sigma * C`` on the clipped sum (sensitivity C)."""
-    return _train(X, y, seeds, spec, _fixed_std)
+    return _train(X, y, seeds, spec, _fixed_std, init, canaries)
 
 
-def dpsgd_buggy(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict) -> Predict:
+def dpsgd_buggy(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict, *,
+                init: dpsgd.Params | None = None,
+                canaries: dpsgd.GradientCanaries | None = None):
     """Backpropagation-Clipping bug: noise std ``sigma * C / B``, sensitivity divided by B."""
-    return _train(X, y, seeds, spec, _buggy_std)
+    return _train(X, y, seeds, spec, _buggy_std, init, canaries)
 
 
-#: Named subjects of the case study.
-SUBJECTS: dict[str, TrainFn] = {"fixed": dpsgd_fixed, "buggy": dpsgd_buggy}
-_NOISE_STD = {dpsgd_fixed: _fixed_std, dpsgd_buggy: _buggy_std}
+def dpsgd_half_steps(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict, *,
+                     init: dpsgd.Params | None = None,
+                     canaries: dpsgd.GradientCanaries | None = None):
+    """Noise calibrated for half the steps: T steps at the sigma of (eps, delta) in T / 2."""
+    return _train(X, y, seeds, spec, _half_steps_std, init, canaries)
+
+
+#: Named subjects of the case study, and the second buggy subject of the tight modes.
+SUBJECTS: dict[str, TrainFn] = {"fixed": dpsgd_fixed, "buggy": dpsgd_buggy,
+                                "half-steps": dpsgd_half_steps}
+_NOISE_STD = {dpsgd_fixed: _fixed_std, dpsgd_buggy: _buggy_std,
+              dpsgd_half_steps: _half_steps_std}
 
 
 def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
@@ -169,5 +217,18 @@ def claimed_noise_multiplier(spec: dict, n: int) -> float:
     return _plan(X, torch.zeros(n, dtype=torch.long), {**spec, "n": n, "n_classes": 2})[2]
 
 
+def true_eps(name: str, spec: dict, n: int, delta: float | None = None) -> float:
+    """The add/remove eps at ``delta`` (default the claimed one) that registry subject
+    ``name`` really has for ``spec`` on n examples: the PLD accountant's eps of its T
+    Poisson-subsampled Gaussian steps at its actual noise multiplier (noise std / C)."""
+    X = torch.zeros(n, 1)
+    model, cfg, sigma, q, steps = _plan(X, torch.zeros(n, dtype=torch.long),
+                                        {**spec, "n": n, "n_classes": 2})
+    actual = _NOISE_STD[SUBJECTS[name]](cfg, q, spec) / cfg.clip
+    return accounting.epsilon(actual, q, steps, spec["delta"] if delta is None else delta,
+                              "pld")
+
+
 __all__ = ["SUBJECTS", "SUBJECT_KEYS", "TrainFn", "Predict", "dpsgd_fixed", "dpsgd_buggy",
-           "train_columns", "load_train_fn", "claimed_noise_multiplier"]
+           "dpsgd_half_steps", "model_spec", "train_columns", "load_train_fn",
+           "claimed_noise_multiplier", "true_eps"]

@@ -4,7 +4,8 @@ DP training implementation.
 ``audit-impl`` trains a training function (a registry subject, ``buggy`` or ``fixed``, or a
 user's ``module.path:function``; contract in :mod:`dpaudit.subjects`) many times on
 Fashion-MNIST with and without a canary and tests its claimed (eps, delta) as in Tramer
-et al. 2022; see ``docs/audit_your_implementation.md``.  Every input is
+et al. 2022, or in a tight mode (``--mode worst-case-init`` or ``white-box``,
+:mod:`dpaudit.experiments.tramer`); see ``docs/audit_your_implementation.md``.  Every input is
 checked before any training starts.  ``tramer-reaudit`` recomputes an audit table from its
 per-run losses (e.g. a GPU run's, on a CPU) and ``tramer-plot`` draws it.
 """
@@ -19,6 +20,10 @@ from pathlib import Path
 from ..config import SpecError, subset_schema, validate_section
 from ..device import DEVICES
 from . import seed_arg, spec_arg
+
+#: ``--mode`` of audit-impl (:data:`dpaudit.experiments.tramer.MODES`; not imported from
+#: there, which would load torch for every command's --help).
+MODES = ("black-box", "worst-case-init", "white-box")
 
 #: Leading columns of the audit table, in a fixed order; more follow.
 COLUMNS = ["implementation", "claimed_eps", "delta", "runs", "tpr", "fpr", "threshold",
@@ -47,10 +52,11 @@ def _positive_int(value: int, name: str, low: int = 1) -> int:
 
 def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, batch_runs: int,
            classes, label, spec: dict, device: str | None = None, seed_check: int | None = None,
-           max_diverged: float = 0.0) -> dict:
+           max_diverged: float = 0.0, mode: str = "black-box", n_aux: int = 500) -> dict:
     """Every check that can fail before training: claim, run counts, functions, specs,
-    the integrity checks' options; ``device``: where the registry subjects train unless
-    ``spec`` names a device; ``seed_check`` None: the default number of seeds."""
+    the integrity checks' options, the mode and whether each function allows it;
+    ``device``: where the registry subjects train unless ``spec`` names a device;
+    ``seed_check`` None: the default number of seeds."""
     from .. import subjects
     from ..experiments import tramer
 
@@ -67,6 +73,8 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
     _positive_int(val_runs, "--val-runs")
     _positive_int(n_train, "--n-train", 2)
     _positive_int(batch_runs, "--batch-runs")
+    if mode == "worst-case-init":
+        _positive_int(n_aux, "--n-aux")
     seed_check = tramer.SEED_CHECK if seed_check is None else seed_check
     try:
         tramer.check_options(seed_check, max_diverged)
@@ -85,6 +93,10 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
             fn = subjects.load_train_fn(target)
         except ValueError as exc:
             raise SpecError(str(exc)) from exc
+        try:
+            tramer.check_mode(fn, mode)
+        except ValueError as exc:
+            raise SpecError(f"--train {target} --mode {mode}: {exc}") from exc
         target_spec = dict(spec)
         if fn in subjects.SUBJECTS.values():
             clash = sorted(set(target_spec) & set(_INJECTED))
@@ -104,7 +116,7 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
     return {"eps": eps, "delta": delta, "alpha": alpha, "min_runs": need, "classes": classes,
             "plans": plans, "runs": runs, "val_runs": val_runs, "n_train": n_train,
             "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
-            "max_diverged": max_diverged}
+            "max_diverged": max_diverged, "mode": mode, "n_aux": n_aux}
 
 
 def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Path,
@@ -123,12 +135,17 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     from ..data import load_fmnist
     from ..io import array_digest, write_table
 
-    X, y = load_fmnist(root, classes=plan["classes"], download=download)
-    n_train = plan["n_train"]
-    X, y = torch.as_tensor(X[:n_train]), torch.as_tensor(y[:n_train])
+    X_all, y_all = load_fmnist(root, classes=plan["classes"], download=download)
+    n_train, mode = plan["n_train"], plan["mode"]
+    X, y = torch.as_tensor(X_all[:n_train]), torch.as_tensor(y_all[:n_train])
     if len(X) < n_train:
         raise SpecError(f"--n-train={n_train}: only {len(X)} examples of classes "
                         f"{plan['classes']} in the reference subset")
+    # The worst-case init is pre-trained on the next rows, disjoint from the training data.
+    aux = slice(n_train, n_train + plan["n_aux"]) if mode == "worst-case-init" else None
+    if aux is not None and len(X_all) < aux.stop:
+        raise SpecError(f"--n-aux={plan['n_aux']}: only {len(X_all) - n_train} examples of "
+                        f"classes {plan['classes']} after the first --n-train={n_train}")
     # Every model's accuracy on the whole test split of the same classes.
     test = tuple(torch.as_tensor(a) for a in load_fmnist(root, classes=plan["classes"],
                                                          train=False, download=download))
@@ -146,6 +163,8 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
         # equal a subject's alone to float rounding only).
         kept = {target: (fn, store / re.sub(r"[^A-Za-z0-9]+", "_", target),
                          {"implementation": target, "spec": spec, **common,
+                          **({} if mode == "black-box" else {"mode": mode,
+                                                             "n_aux": plan["n_aux"]}),
                           "device": {k: devices[target][k] for k in REPRODUCE_KEYS},
                           "columns": sorted(t for t, s in registry if s == spec)})
                 for target, fn, spec in plan["plans"] if (target, spec) in registry}
@@ -154,26 +173,33 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
         _, where, key = kept.get(target, (fn, None, None))
         # Trained beside it where both are registry subjects (subjects.train_columns).
         together = {t: kept[t] for t, _, s in plan["plans"] if t != target and t in kept
-                    and s == spec}
+                    and s == spec and mode == "black-box"}
+        init = None
+        if aux is not None:
+            model = subjects.model_spec(spec, X.shape[1], len(plan["classes"]))
+            init = tramer.pretrained_init(torch.as_tensor(X_all[aux]),
+                                          torch.as_tensor(y_all[aux]), model, seed)
         try:
             row, loss = tramer.audit_implementation(
                 fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"], plan["val_runs"],
                 spec, seed, plan["alpha"], plan["batch_runs"],
                 progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr),
                 test=test, store=where, key=key, together=together,
-                seed_check=plan["seed_check"], max_diverged=plan["max_diverged"],
-                refuse_at_chance=fn not in subjects.SUBJECTS.values())
+                seed_check=plan["seed_check"], max_diverged=plan["max_diverged"], mode=mode,
+                init=init, refuse_at_chance=fn not in subjects.SUBJECTS.values())
         except tramer.Unauditable as exc:
             raise SpecError(f"--train {target}: cannot be audited, no result written: "
                             f"{exc}") from exc
         checked = (f"{row['seed_check']} seeds re-trained: deterministic"
                    if row["seed_check"] else "seeds not checked")
+        accuracy = (f"test accuracy {row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
+                    f"{row['test_acc_max']:.3f})" if "test_acc_mean" in row
+                    else "no test accuracy (white-box runs return no model)")
         print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
               f"{row['eps_lb']:.3f} (claimed {plan['eps']:g}): {row['verdict']}; "
               f"{row['usable_runs']} of {row['total_runs']} runs usable "
-              f"({row['diverged_runs']} diverged, counted as out); {checked}; test accuracy "
-              f"{row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
-              f"{row['test_acc_max']:.3f})", file=sys.stderr)
+              f"({row['diverged_runs']} diverged, counted as out); {checked}; {accuracy}",
+              file=sys.stderr)
         rows.append({"implementation": target, **row, "min_runs": plan["min_runs"],
                      "n_train": n_train})
         losses.append(loss.assign(implementation=target))
@@ -197,9 +223,13 @@ def _audit_impl(args) -> None:
         classes = []
     plan = _check(args.train, args.eps, args.delta, args.alpha, args.runs, args.val_runs,
                   args.n_train, args.batch_runs, classes, args.label, args.spec,
-                  seed_check=args.seed_check, max_diverged=args.max_diverged)
+                  seed_check=args.seed_check, max_diverged=args.max_diverged, mode=args.mode,
+                  n_aux=args.n_aux)
+    # The default mode's provenance is as before the tight modes: byte-identical files.
+    tight = () if args.mode == "black-box" else ("mode", "n_aux")
     provenance = {"command": "audit-impl", "spec": args.spec, "seed": args.seed,
-                  "args": {k: v for k, v in vars(args).items() if k != "func"}}
+                  "args": {k: v for k, v in vars(args).items()
+                           if k != "func" and (k not in ("mode", "n_aux") or k in tight)}}
     _run(plan, args.canary, args.data_root, args.download, args.seed, args.out, args.losses,
          provenance, args.store)
 
@@ -283,8 +313,8 @@ def _plot(args) -> None:
 
 #: ``--store`` of ``audit-impl`` and ``tramer-audit``.
 STORE_HELP = ("folder that keeps every finished batch of runs of the registry subjects (buggy, "
-              "fixed), so that a rerun trains only what it lacks; the subjects of one spec "
-              "train as columns of the same calls")
+              "fixed, half-steps), so that a rerun trains only what it lacks; the subjects of "
+              "one spec train as columns of the same calls")
 
 
 def register(subparsers) -> None:
@@ -295,7 +325,8 @@ def register(subparsers) -> None:
                     "the claimed (eps, delta) with Clopper-Pearson at confidence 1 - ALPHA and "
                     "the GDP test (Tramer et al. 2022).")
     p.add_argument("--train", action="extend", nargs="+", required=True, metavar="TARGET",
-                   help="'buggy', 'fixed' or 'module.path:function' (several: one table row each)")
+                   help="'buggy', 'fixed', 'half-steps' or 'module.path:function' (several: one "
+                        "table row each)")
     p.add_argument("--eps", required=True, help="claimed epsilon")
     p.add_argument("--delta", required=True, help="claimed delta")
     p.add_argument("--canary", choices=["checkerboard", "clipbkd"], default="checkerboard")
@@ -325,6 +356,15 @@ def register(subparsers) -> None:
     p.add_argument("--max-diverged", type=float, default=0.0, metavar="F",
                    help="largest fraction of runs that may diverge (non-finite canary loss; "
                         "they count as 'out'); more, and the audit refuses (default 0)")
+    p.add_argument("--mode", choices=MODES, default="black-box",
+                   help="black-box: the Tramer et al. 2022 procedure (default); "
+                        "worst-case-init: every run starts from the auditor's pre-trained "
+                        "parameters, passed as init= (Annamalai and De Cristofaro 2024); "
+                        "white-box: a gradient canary inserted at every sampled step, "
+                        "passed as canaries=, every iterate scored (Nasr et al. 2023)")
+    p.add_argument("--n-aux", type=int, default=500, metavar="N",
+                   help="worst-case-init: pre-train the init on the N examples after the "
+                        "first --n-train of the reference subset (default 500)")
     p.set_defaults(func=_audit_impl)
 
     p = subparsers.add_parser(

@@ -35,10 +35,32 @@ implementation is not (eps, delta)-DP.
 
 Training functions follow the contract of :mod:`dpaudit.subjects`:
 ``train(X, y, seeds, spec) -> predict``, ``predict(x) -> logits (len(seeds), m, C)``.
+
+Modes (:data:`MODES`): the default ``black-box`` is the procedure above. Two tight modes
+audit a function that accepts one more keyword argument, with the same runs, threshold
+choice and bounds:
+
+* ``worst-case-init`` (Annamalai and De Cristofaro 2024, "Nearly Tight Black-Box Auditing
+  of Differentially Private Machine Learning"): every run starts from ``init=``, the
+  auditor's initial parameters (:func:`pretrained_init`: a model pre-trained without noise
+  on auxiliary rows disjoint from the training data), which DP-SGD's analysis allows to be
+  anything fixed in advance; the score is still the final model's canary loss.
+* ``white-box`` (Nasr, Hayes, Steinke, Balle, Tramer, Jagielski, Carlini and Terzis 2023,
+  "Tight Auditing of Differentially Private Machine Learning"): no input canary; on the
+  "in" side a Dirac gradient canary of norm C is added to the clipped gradient sum at
+  every step where Poisson sampling at the data's rate picks it (``canaries=``, a
+  :class:`dpaudit.dpsgd.GradientCanaries`), and every iterate is observed: the function
+  returns the :class:`dpaudit.dpsgd.CanaryRun` of its runs, whose per-step likelihood
+  ratio ``llr`` (or, without noise, the dot-sum ``scores``) is the run's score.
+
+Both insert (add) the canary: add/remove neighbours, so the claim is read as an add/remove
+eps. The Clopper-Pearson ``eps_lb`` holds for any score (``certified``); ``eps_lb_gdp``
+assumes the Gaussian trade-off curve (an estimate).
 """
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
 from typing import Callable, Sequence
 
@@ -47,7 +69,7 @@ import pandas as pd
 import torch
 from scipy import optimize
 
-from .. import bounds, canaries, seeds, subjects, trials
+from .. import bounds, canaries, dpsgd, seeds, subjects, trials
 from ..trials import Side, run as run_trials
 from ..canaries import Canary
 
@@ -66,6 +88,53 @@ SPEC_KEYS = {
 }
 
 Progress = Callable[[str], None]
+
+#: Modes of the audit (module docstring), the default first.
+MODES = ("black-box", "worst-case-init", "white-box")
+#: The keyword argument each tight mode passes to the training function, and what it is.
+MODE_KEYWORDS = {"worst-case-init": ("init", "the auditor's initial parameters, a "
+                                     "dpaudit.dpsgd.Params of one model"),
+                 "white-box": ("canaries", "a dpaudit.dpsgd.GradientCanaries to insert, the "
+                               "function returning the runs' dpaudit.dpsgd.CanaryRun")}
+#: The tight modes insert (add) a canary: the claim is an add/remove eps.
+RELATION = "add/remove"
+
+
+def check_mode(train_fn, mode: str) -> None:
+    """ValueError naming ``mode`` unless it is one of :data:`MODES` and ``train_fn``
+    accepts the keyword argument it passes (:data:`MODE_KEYWORDS`), by name or ``**kwargs``."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: must be one of {MODES}")
+    if mode not in MODE_KEYWORDS:
+        return
+    name, what = MODE_KEYWORDS[mode]
+    try:
+        params = inspect.signature(train_fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    ok = any(p.kind is p.VAR_KEYWORD for p in params.values()) or (
+        name in params and params[name].kind in (params[name].POSITIONAL_OR_KEYWORD,
+                                                 params[name].KEYWORD_ONLY))
+    if not ok:
+        fn = getattr(train_fn, "__qualname__", repr(train_fn))
+        raise ValueError(f"mode {mode!r}: the training function {fn} takes no keyword "
+                         f"argument {name!r}; this mode calls train(X, y, seeds, spec, "
+                         f"{name}=...) with {what} (docs/audit_your_implementation.md)")
+
+
+def pretrained_init(X_aux: torch.Tensor, y_aux: torch.Tensor, model: dpsgd.ModelSpec,
+                    seed: int, device="cpu") -> dpsgd.Params:
+    """The worst-case initial parameters of one model: Glorot-normal weights pre-trained by
+    plain SGD (no clipping, no noise; the settings of the black-box tight audit,
+    :data:`dpaudit.experiments.tight.blackbox.PRETRAIN`) on auxiliary rows, seeded by
+    ``seed``; by default on the CPU, so that every machine starts its runs from the same
+    init (its random streams are device-specific)."""
+    from .tight.blackbox import PRETRAIN
+
+    cfg = dpsgd.DPSGDConfig(PRETRAIN["epochs"], min(PRETRAIN["batch_size"], len(X_aux)),
+                            PRETRAIN["lr"], 1e12, 0.0, "shuffle")  # no gradient reaches 1e12
+    return dpsgd.train(torch.as_tensor(X_aux), torch.as_tensor(y_aux), model, cfg,
+                       seeds.int_seeds(1, int(seed), "tramer/worst-case-init"), device=device)
 
 
 # ---- training runs --------------------------------------------------------------------
@@ -109,10 +178,12 @@ CONTRACT = ("train(X, y, seeds, spec) must return predict, and predict(x) a floa
             "torch tensor of logits of shape (len(seeds), len(x), n_classes)")
 
 
-def _trained(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict):
-    """``logits_of(rows)``: the logits (runs, rows, C) of ``train_fn``'s runs on (X, y),
-    refused (:class:`Unauditable`) unless they keep the contract, C = max label + 1."""
-    predict = train_fn(X, y, list(seeds), spec)
+def _trained(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict,
+             extra: dict | None = None):
+    """``logits_of(rows)``: the logits (runs, rows, C) of ``train_fn``'s runs on (X, y)
+    (``extra``: the mode's keyword arguments), refused (:class:`Unauditable`) unless they
+    keep the contract, C = max label + 1."""
+    predict = train_fn(X, y, list(seeds), spec, **(extra or {}))
     if not callable(predict):
         raise Unauditable(f"train returned {type(predict).__name__}, not a function; {CONTRACT}")
     runs, n_classes = len(seeds), int(y.max()) + 1
@@ -136,8 +207,10 @@ def _trained(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], s
 
 def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
                seeds: Sequence[int], spec: dict, insert_label: int | None = None,
-               test: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
-    """Train ``len(seeds)`` models at once with ``train_fn`` (with ``insert_label``, the
+               test: tuple[torch.Tensor, torch.Tensor] | None = None,
+               extra: dict | None = None) -> dict:
+    """Train ``len(seeds)`` models at once with ``train_fn`` (``extra``: the mode's keyword
+    arguments; with ``insert_label``, the
     canary (x, insert_label) appended once to the training data) and return
     ``log_prob``, the log-probabilities (runs, C) they give the canary input ``x``, and,
     with ``test = (X_test, y_test)``, ``test_acc``, each model's accuracy (runs,) on it.
@@ -147,7 +220,7 @@ def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
     fixed decision; a test prediction with a non-finite logit counts as wrong.
     """
     X, y = _with_canary(X, y, x, insert_label)
-    logits_of = _trained(train_fn, X, y, seeds, spec)
+    logits_of = _trained(train_fn, X, y, seeds, spec, extra)
     # The canary in a call of its own: its logits do not depend on the test set's size
     # (a matmul's rounding does), so the losses stay those of an audit without it.
     lp = torch.log_softmax(logits_of(x[None])[:, 0].to(torch.float64), dim=-1).cpu().numpy()
@@ -169,7 +242,7 @@ def check_options(seed_check: int, max_diverged: float) -> None:
 
 
 def check_seeds(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict,
-                rows: torch.Tensor) -> None:
+                rows: torch.Tensor, extra: dict | None = None) -> None:
     """Refuse (:class:`Unauditable`) a function whose runs do not follow their seeds.
 
     Trains the runs of ``seeds`` (at least 2) twice, the second time in reverse order, and
@@ -184,11 +257,12 @@ def check_seeds(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int]
     seeds = list(seeds)
     if len(seeds) < 2:
         raise ValueError(f"seeds: the check needs at least 2, got {len(seeds)}")
-    z = _trained(train_fn, X, y, seeds, spec)(rows).to(torch.float64).cpu()
+    z = _trained(train_fn, X, y, seeds, spec, extra)(rows).to(torch.float64).cpu()
     if not torch.isfinite(z[:, 0]).all(-1).any():
         raise Unauditable(f"all {len(seeds)} runs of the seed check diverged (non-finite "
                           "logits on the canary input)")
-    again = _trained(train_fn, X, y, seeds[::-1], spec)(rows).to(torch.float64).cpu().flip(0)
+    again = _trained(train_fn, X, y, seeds[::-1], spec, extra)(rows).to(
+        torch.float64).cpu().flip(0)
     finite = z[torch.isfinite(z)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
     for k, seed in enumerate(seeds):
@@ -244,30 +318,40 @@ def audit_counts(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, claimed_eps: 
             "verdict": VIOLATES if eps_lb > claimed_eps else NO_VIOLATION}
 
 
-def audit_losses(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: float,
+def audit_scores(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: float,
                  alpha: float = ALPHA) -> dict:
-    """The attack "in iff loss < tau": tau chosen on the validation losses, counts and
-    bounds on the evaluation losses (:func:`dpaudit.bounds.threshold_holdout_audit` on
-    the scores ``-loss``, so ``pos`` = with the canary, ``neg`` = without).
+    """The attack "in iff score > tau" (higher = with the canary): tau chosen on the
+    validation scores, counts and bounds on the evaluation scores
+    (:func:`dpaudit.bounds.threshold_holdout_audit`, ``pos`` = with the canary, ``neg`` =
+    without).
 
     Over every distinct decision on the validation runs, tau maximizes the
     Clopper-Pearson eps_LB the validation counts would give at the same ``alpha``; ties
     (e.g. all zero, as for a correct implementation) go to the largest ``TPR - FPR``, and
-    tau lies midway between two validation losses, a margin on both sides for the
-    evaluation runs.  NaN losses are refused; an infinite loss (a diverged run) is "out".
+    tau lies midway between two validation scores, a margin on both sides for the
+    evaluation runs.  NaN scores are refused; a score of -inf is "out".
     """
+    scores_in, scores_out = np.asarray(eval_in, float), np.asarray(eval_out, float)
     res = bounds.threshold_holdout_audit(
-        -np.asarray(val_in, float), -np.asarray(val_out, float), -np.asarray(eval_in, float),
-        -np.asarray(eval_out, float), partial(bounds.eps_lb_clopper_pearson, delta=delta),
-        alpha, ties="youden")
-    scores_in, scores_out = -np.asarray(eval_in, float), -np.asarray(eval_out, float)
+        np.asarray(val_in, float), np.asarray(val_out, float), scores_in, scores_out,
+        partial(bounds.eps_lb_clopper_pearson, delta=delta), alpha, ties="youden")
     return {"tpr": res.ct_pos / res.n_pos, "fpr": res.ct_neg / res.n_neg,
-            "threshold": -res.threshold, "ct_pos": res.ct_pos, "ct_neg": res.ct_neg,
+            "threshold": res.threshold, "ct_pos": res.ct_pos, "ct_neg": res.ct_neg,
             "tpr_at_fpr_0_1pct": bounds.tpr_at_fpr(scores_in, scores_out, 0.001),
             "tpr_at_fpr_1pct": bounds.tpr_at_fpr(scores_in, scores_out, 0.01),
             "auc": bounds.auc(scores_in, scores_out),
             **audit_counts(res.ct_pos, res.n_pos, res.ct_neg, res.n_neg, claimed_eps, delta,
                            alpha)}
+
+
+def audit_losses(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: float,
+                 alpha: float = ALPHA) -> dict:
+    """The attack "in iff loss < tau": :func:`audit_scores` of the scores ``-loss``, with
+    tau a loss. An infinite loss (a diverged run) is "out"."""
+    out = audit_scores(*(-np.asarray(v, float) for v in (val_in, val_out, eval_in, eval_out)),
+                       claimed_eps, delta, alpha)
+    out["threshold"] = -out["threshold"]
+    return out
 
 
 def max_eps_lb(runs: int, delta: float, alpha: float = ALPHA) -> float:
@@ -326,6 +410,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                          test: tuple[torch.Tensor, torch.Tensor] | None = None, store=None,
                          key: dict | None = None, together: dict | None = None,
                          seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
+                         mode: str = "black-box", init: dpsgd.Params | None = None,
                          refuse_at_chance: bool = True) -> tuple[dict, pd.DataFrame]:
     """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
 
@@ -357,14 +442,32 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     broken; dpaudit's own subjects are not, and at a tiny scale may still learn nothing).
     The row says how many runs were usable (``usable_runs``, finite canary loss, of
     ``total_runs``), how many diverged and how many seeds were checked.
+
+    ``mode`` (:data:`MODES`): ``worst-case-init`` passes ``init`` (the auditor's initial
+    parameters, e.g. :func:`pretrained_init`) to every call of ``train_fn``;
+    ``white-box`` is :func:`audit_whitebox` (``canary`` and ``test`` unused). A tight
+    mode's row adds ``mode``, ``method``, ``threat_model``, ``relation``, ``eps_th`` (the
+    claimed eps, of add/remove neighbours) and ``certified``; the default's row is as it
+    was. ``together`` is for the default mode only.
     """
     if runs < 1 or val_runs < 1:
         raise ValueError("runs and val_runs must be >= 1")
     check_options(seed_check, max_diverged)
+    check_mode(train_fn, mode)
+    if (mode == "worst-case-init") != (init is not None):
+        raise ValueError(f"init: given in mode {mode!r}; mode 'worst-case-init' needs it "
+                         "(the auditor's initial parameters) and the others take none")
+    if together and mode != "black-box":
+        raise ValueError(f"together: only in mode 'black-box', not {mode!r}")
+    if mode == "white-box":
+        return audit_whitebox(train_fn, X, y, claimed_eps, delta, runs, val_runs, spec, seed,
+                              alpha, batch_runs, progress, store, key, seed_check,
+                              max_diverged)
+    extra = None if init is None else {"init": init}
     label = canary.label
     if seed_check:  # before any run: a function that ignores its seeds fails in seconds
         check_seeds(train_fn, X, y, run_seeds(seed, "seed-check", False, seed_check), spec,
-                    torch.cat([canary.x[None].to(X.dtype), X[:100]]))
+                    torch.cat([canary.x[None].to(X.dtype), X[:100]]), extra)
 
     def side(split: str, canary_in: bool, n: int) -> Side:
         return Side(f"{split} runs {'with' if canary_in else 'without'} canary",
@@ -375,7 +478,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
 
     def keyed(base: dict | None, canary_in: bool) -> dict:
         return {**(base or {}), "test_acc": test is not None,
-                **({"canary_label": int(label)} if canary_in else {})}
+                **({"canary_label": int(label)} if canary_in else {}),
+                **({} if mode == "black-box" else {"mode": mode})}
 
     def train_score(side: Side, start: int, chunk: list[int]) -> dict:
         insert = label if side.columns["canary_in"] else None
@@ -387,7 +491,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
             if trained is not None:
                 fns = {name: lambda *_, p=p: p for name, p in zip([None, *together], trained)}
         stats = {name: {k: list(v) for k, v in train_runs(fn, X, y, canary.x, chunk, spec,
-                                                          insert, test).items()}
+                                                          insert, test, extra).items()}
                  for name, fn in fns.items()}
         for name, (_, other_store, other_key) in together.items():
             if name in stats:
@@ -427,9 +531,124 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
            "total_runs": len(losses), "usable_runs": len(losses) - diverged,
            "diverged_runs": diverged, "seed_check": seed_check,
            **audit_loss_table(losses, claimed_eps, delta, alpha)}
+    if mode != "black-box":
+        from .tight.blackbox import THREAT_MODEL
+
+        row.update(_tight_columns(mode, "blackbox-worst-case-init", THREAT_MODEL, claimed_eps))
     if test is not None:
         row.update(accuracy_columns(losses.test_acc, OWN_RUNS))
     return row, losses
+
+
+def _tight_columns(mode: str, method: str, threat_model: str, claimed_eps: float) -> dict:
+    """The columns a tight mode adds to the row (the tight-audit table's convention)."""
+    return {"mode": mode, "method": method, "threat_model": threat_model,
+            "relation": RELATION, "eps_th": claimed_eps, "certified": True}
+
+
+def _canary_scores(run, count: int) -> dict:
+    """The per-run scores of a white-box call's ``run`` (a CanaryRun): ``score`` the
+    likelihood ratio ``llr`` (the dot-sum ``scores`` where it is None, without noise),
+    ``is_llr`` which, ``dot_sum``; refused (:class:`Unauditable`) unless they are (count, 1)
+    floating tensors."""
+    def column(name: str):
+        v = getattr(run, name, None)
+        if v is None and name == "llr":
+            return None
+        if not (isinstance(v, torch.Tensor) and v.is_floating_point()
+                and tuple(v.shape) == (count, 1)):
+            got = type(v).__name__ + (f" of shape {tuple(v.shape)}" if hasattr(v, "shape")
+                                      else "")
+            raise Unauditable(f"white-box mode: train(..., canaries=...) returned {name} "
+                              f"{got}; the contract is a dpaudit.dpsgd.CanaryRun whose "
+                              f"{name} is a floating tensor (len(seeds)={count}, 1)")
+        return np.nan_to_num(v[:, 0].double().cpu().numpy(), nan=-np.inf)
+
+    dot, llr = column("scores"), column("llr")
+    return {"score": dot if llr is None else llr, "is_llr": np.full(count, llr is not None),
+            "dot_sum": dot}
+
+
+def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: float,
+                   delta: float, runs: int, val_runs: int, spec: dict, seed: int,
+                   alpha: float = ALPHA, batch_runs: int = 1000,
+                   progress: Progress | None = None, store=None, key: dict | None = None,
+                   seed_check: int = SEED_CHECK, max_diverged: float = 0.0
+                   ) -> tuple[dict, pd.DataFrame]:
+    """The white-box mode (module docstring): ``train_fn(X, y, seeds, spec,
+    canaries=GradientCanaries(g, included))`` with one Dirac canary g of norm ``spec["clip"]``
+    (:func:`dpaudit.experiments.tight.whitebox.canary`, in the layout of the model of
+    ``spec``, :func:`dpaudit.subjects.model_spec`), ``included`` True on the runs with the
+    canary; each run's score is its ``llr`` (``scores`` without noise), and the runs,
+    threshold and bounds are those of :func:`audit_implementation` on it. Returns the row
+    and the per-run scores (split, canary_in, run, seed, score). Refuses
+    (:class:`Unauditable`) what breaks the contract, runs that do not follow their seeds
+    (``seed_check`` of them trained twice, the second time in reverse order, must give the
+    same scores, and different seeds different ones) and more than ``max_diverged`` runs
+    with a non-finite score."""
+    from .tight.whitebox import METHODS, canary as dirac_canary
+
+    if runs < 1 or val_runs < 1:
+        raise ValueError("runs and val_runs must be >= 1")
+    check_options(seed_check, max_diverged)
+    check_mode(train_fn, "white-box")
+    clip = spec.get("clip")
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 < clip < np.inf:
+        raise ValueError(f"spec.clip={clip!r}: white-box mode needs the clipping norm C the "
+                         "function clips to (> 0, finite): the gradient canary's norm")
+    model = subjects.model_spec(spec, X.shape[1], int(y.max()) + 1)
+    # On the CPU: the same canary on every machine; the trainer moves it where it trains.
+    direction = dirac_canary(X.numpy(), model, float(clip), seed, device="cpu")
+
+    def scores_of(chunk: list[int], inside: bool) -> dict:
+        inc = torch.full((len(chunk), 1), bool(inside))
+        run = train_fn(X, y, list(chunk), spec,
+                       canaries=dpsgd.GradientCanaries(direction, inc))
+        return _canary_scores(run, len(chunk))
+
+    if seed_check:
+        check = run_seeds(seed, "seed-check", False, seed_check)
+        a = scores_of(check, True)["dot_sum"]
+        b = scores_of(check[::-1], True)["dot_sum"][::-1]
+        scale = float(np.abs(a[np.isfinite(a)]).max(initial=0.0))
+        if not np.allclose(a, b, rtol=0.0, atol=1e-4 * scale, equal_nan=True):
+            raise Unauditable(f"not deterministic in its seed: the runs of seeds {check} "
+                              f"gave other canary scores when trained again in reverse "
+                              f"order ({a} then {b}); take all of a run's randomness from "
+                              "its own seed")
+        if np.all(a == a[0]):
+            raise Unauditable(f"the runs of {len(check)} different seeds {check} gave "
+                              "identical canary scores: the function ignores its seeds")
+
+    def side(split: str, canary_in: bool, n: int) -> Side:
+        return Side(f"{split} runs {'with' if canary_in else 'without'} canary",
+                    run_seeds(seed, split, canary_in, n),
+                    {"split": split, "canary_in": canary_in})
+
+    out = run_trials([side(sp, c, n) for sp, c in GROUPS
+                      for n in [val_runs if sp == "validation" else runs]],
+                     lambda s, start, chunk: scores_of(chunk, s.columns["canary_in"]),
+                     batch_runs, progress, store=store, key={**(key or {}), "mode": "white-box"})
+    is_llr = bool(out.is_llr.all())
+    if out.is_llr.any() != is_llr:
+        raise Unauditable("white-box mode: some calls returned llr and others None")
+    table = out.rename(columns={"trial": "run"})[["split", "canary_in", "run", "seed",
+                                                   "score"]]
+    diverged = int((~np.isfinite(table.score)).sum())
+    if diverged > max_diverged * len(table):
+        raise Unauditable(f"{diverged} of {len(table)} runs diverged (non-finite canary "
+                          f"score); at most max_diverged={max_diverged:g} of them may")
+    groups = {k: g.score.to_numpy(float) for k, g in table.groupby(["split", "canary_in"])}
+    method = "whitebox-llr" if is_llr else "whitebox-dot-sum"
+    row = {"claimed_eps": claimed_eps, "delta": delta, "runs": runs, "val_runs": val_runs,
+           "alpha": alpha, "canary": "dirac-gradient", "seed": seed,
+           "total_runs": len(table), "usable_runs": len(table) - diverged,
+           "diverged_runs": diverged, "seed_check": seed_check,
+           **audit_scores(groups[("validation", True)], groups[("validation", False)],
+                          groups[("evaluation", True)], groups[("evaluation", False)],
+                          claimed_eps, delta, alpha),
+           **_tight_columns("white-box", method, METHODS[method], claimed_eps)}
+    return row, table
 
 
 def reaudit(table: pd.DataFrame, losses: pd.DataFrame, accuracy: pd.DataFrame | None = None,
@@ -494,8 +713,9 @@ def compare_retrained(losses: pd.DataFrame, retrained: pd.DataFrame) -> pd.DataF
 
 
 __all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "SPEC_KEYS", "GROUPS", "OWN_RUNS",
-           "REAUDIT_COLUMNS", "RUN_KEY", "SEED_CHECK", "CONTRACT", "Unauditable", "run_seeds",
-           "trainer_digest", "train_runs",
+           "REAUDIT_COLUMNS", "RUN_KEY", "SEED_CHECK", "CONTRACT", "MODES", "MODE_KEYWORDS",
+           "RELATION", "Unauditable", "run_seeds", "trainer_digest", "check_mode",
+           "pretrained_init", "train_runs",
            "check_options", "check_seeds", "accuracy_columns", "mu_claimed", "audit_counts",
-           "audit_losses", "audit_loss_table", "max_eps_lb", "min_runs",
-           "audit_implementation", "reaudit", "compare_retrained"]
+           "audit_scores", "audit_losses", "audit_loss_table", "max_eps_lb", "min_runs",
+           "audit_implementation", "audit_whitebox", "reaudit", "compare_retrained"]
