@@ -16,6 +16,7 @@ min_version("9.0")
 # dpaudit must be installed where snakemake runs (the rules call its `dpaudit` CLI).
 try:
     from dpaudit.config import SpecError, typed_from_text, validate_section
+    from dpaudit.experiments.checks import check_config
 except ImportError as err:
     raise WorkflowError(
         f"cannot import dpaudit ({err}): install the project into the environment that runs "
@@ -40,8 +41,11 @@ configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 # The project's validator, not snakemake.utils.validate: one line naming the key and what
 # is allowed instead of a dump of the schema.  Numbers and booleans inside a nested
 # `--config` entry arrive as text: read as the schema wants them first.
+# Then the limits that relate several keys (sizes against the data sets, one grid against
+# another), once, before any job runs.
 try:
     validate_section(typed_from_text(config))
+    check_config(config)
 except SpecError as err:
     raise WorkflowError(f"invalid config: {err}")
 

@@ -39,7 +39,7 @@ LOCAL_RULES = ("data", "jagielski_fig2_table", "jagielski_table2_table",
                "tramer_plot", "hw3_plot", "ridge_plot", "accounting_abadi_plot",
                "accounting_composition_plot", "trials_needed_table", "trials_needed_plot",
                "jagielski_reference_md", "tramer_reference_plot", "abadi_table",
-               "abadi_plot")
+               "abadi_plot", "tight_table", "tight_plot")
 # Seconds each job (named by its first output) took in the paper-scale run on the H100
 # machine (docs/scale.md, "Job sizes": the snakemake logs of that run) and in the quick
 # run on 2 CPU cores.
@@ -216,6 +216,8 @@ def test_sbatch_lines_keep_the_gpu_under_overrides(tmp_path):
     (run / "results/jagielski").mkdir()
     for i, path in enumerate(("results/data/fmnist.csv", "results/data/cifar.csv",
                               "results/jagielski/task_fmnist.npz",  # inputs, oldest first
+                              "results/jagielski/init_fmnist_lr.pt",  # the one-run's fixed init
+                              "results/jagielski/init_fmnist_fnn.pt",
                               "results/ridge_audit.csv")):
         (run / path).write_text("")
         os.utime(run / path, (1e9 + i, 1e9 + i))

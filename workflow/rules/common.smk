@@ -10,15 +10,6 @@ import sysconfig
 
 import torch
 
-from dpaudit.config import SpecError
-from dpaudit.experiments.checks import check_config
-
-# The limits that relate several keys (sizes against the data sets, one grid against
-# another), once, before any job runs; the Snakefile has checked each key alone.
-try:
-    check_config(config)
-except SpecError as err:
-    raise WorkflowError(f"invalid config: {err}")
 
 # Every rule file appends the figures (PDF; a PNG is written beside each) it renders, and
 # the tables it adds to the report.
