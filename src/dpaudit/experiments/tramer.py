@@ -224,7 +224,7 @@ def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
     # The canary in a call of its own: its logits do not depend on the test set's size
     # (a matmul's rounding does), so the losses stay those of an audit without it.
     lp = torch.log_softmax(logits_of(x[None])[:, 0].to(torch.float64), dim=-1).cpu().numpy()
-    out = {"log_prob": np.nan_to_num(lp, nan=-np.inf)}
+    out = {"log_prob": np.nan_to_num(lp, nan=-np.inf, posinf=np.inf, neginf=-np.inf)}
     if test is not None:
         z = logits_of(test[0])
         right = (z.argmax(-1) == test[1].to(z.device)) & torch.isfinite(z).all(-1)
@@ -562,7 +562,8 @@ def _canary_scores(run, count: int) -> dict:
             raise Unauditable(f"white-box mode: train(..., canaries=...) returned {name} "
                               f"{got}; the contract is a dpaudit.dpsgd.CanaryRun whose "
                               f"{name} is a floating tensor (len(seeds)={count}, 1)")
-        return np.nan_to_num(v[:, 0].double().cpu().numpy(), nan=-np.inf)
+        return np.nan_to_num(v[:, 0].double().cpu().numpy(), nan=-np.inf, posinf=np.inf,
+                             neginf=-np.inf)
 
     dot, llr = column("scores"), column("llr")
     return {"score": dot if llr is None else llr, "is_llr": np.full(count, llr is not None),
