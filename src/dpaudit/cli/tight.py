@@ -39,27 +39,41 @@ def _keys(value: dict, allowed: tuple, flag: str) -> None:
         raise SpecError(f"{flag}: missing keys {missing} (needs {list(allowed)})")
 
 
+def _check_archs(spec: dict) -> None:
+    """SpecError unless ``spec["archs"]`` is a non-empty list of the trainer's models."""
+    from .. import dpsgd
+
+    bad = [a for a in spec["archs"] if a not in dpsgd.ARCHS]
+    if not spec["archs"] or bad:
+        raise SpecError(f"--spec.archs={spec['archs']!r}: must be a non-empty list of "
+                        f"{list(dpsgd.ARCHS)}")
+
+
+def _task(path):
+    """``(task, provenance)`` of a task file from jagielski-task (a bad file is named)."""
+    from .. import features
+    from ..experiments.jagielski import TASK_ARRAYS, Task
+
+    arrays, prov = features.load_features(path, TASK_ARRAYS)
+    return Task.from_arrays(arrays), prov
+
+
 def _audit(args) -> None:
     import pandas as pd
 
-    from .. import dpsgd, features
-    from ..experiments.jagielski import TASK_ARRAYS, Task
+    from .. import dpsgd
     from ..experiments.tight import whitebox
     from ..io import write_table
 
     spec, train = args.spec, args.train
     _keys(spec, SPEC_KEYS, "--spec")
     _keys(train, TRAIN_KEYS, "--train")
-    bad = [a for a in spec["archs"] if a not in dpsgd.ARCHS]
-    if not spec["archs"] or bad:
-        raise SpecError(f"--spec.archs={spec['archs']!r}: must be a non-empty list of "
-                        f"{list(dpsgd.ARCHS)}")
+    _check_archs(spec)
     missing = [e for e in spec["eps"] if e not in train["noise"]]
     if not spec["eps"] or missing:
         raise SpecError(f"--spec.eps={spec['eps']!r}: must be a non-empty list of keys of "
                         f"--train.noise (allowed: {sorted(train['noise'])})")
-    arrays, task_prov = features.load_features(args.task, TASK_ARRAYS)
-    task = Task.from_arrays(arrays)
+    task, task_prov = _task(args.task)
     log, device, rows = say("tight-whitebox-audit"), resolve(args.device), []
     for arch in spec["archs"]:
         model = dpsgd.ModelSpec(arch, task.X.shape[1], train["hidden"])
@@ -95,17 +109,13 @@ def blackbox_noise(label: str, steps: int, delta: float) -> float:
 def _blackbox(args) -> None:
     import pandas as pd
 
-    from .. import dpsgd, features
-    from ..experiments.jagielski import TASK_ARRAYS, Task
+    from .. import dpsgd
     from ..experiments.tight import blackbox
     from ..io import write_table
 
     spec = args.spec
     _keys(spec, BLACKBOX_KEYS, "--spec")
-    bad = [a for a in spec["archs"] if a not in dpsgd.ARCHS]
-    if not spec["archs"] or bad:
-        raise SpecError(f"--spec.archs={spec['archs']!r}: must be a non-empty list of "
-                        f"{list(dpsgd.ARCHS)}")
+    _check_archs(spec)
     labels = []
     for label in spec["eps"]:
         try:
@@ -115,8 +125,7 @@ def _blackbox(args) -> None:
     if not labels or any(not v > 0 for _, v in labels):  # nan fails too
         raise SpecError(f"--spec.eps={spec['eps']!r}: must be a non-empty list of eps labels, "
                         f"numbers > 0 or \"inf\"")
-    arrays, task_prov = features.load_features(args.task, TASK_ARRAYS)
-    task = Task.from_arrays(arrays)
+    task, task_prov = _task(args.task)
     log, device, rows = say("tight-blackbox-audit"), resolve(args.device), []
     for arch in spec["archs"]:
         model = dpsgd.ModelSpec(arch, task.X.shape[1], spec["hidden"])
