@@ -164,3 +164,22 @@ def test_an_edited_result_table_is_not_plotted(tmp_path, capsys, score_table):
     fig2.write_text(fig2.read_text().replace(f'"{BODY_SHA256}"', '"was_hash"'))
     with pytest.raises(BadInputFile, match=r"rows of trials \[6\], but its provenance records 8"):
         plot_fig2(fig2, tmp_path / "fig2.pdf")
+
+
+def test_a_damaged_block_of_the_trials_store_is_named_and_not_restored(tmp_path, capsys):
+    """dpaudit.trials (Tramer et al.'s audits, the one-run and Abadi stores): a kept block
+    cut short is not restored, and one line names it; a block that was never kept is
+    simply absent."""
+    from dpaudit import trials
+
+    side, key, seeds = trials.Side("evaluation runs with canary", [5, 6, 7, 8]), {"k": 1}, [5, 6, 7, 8]
+    assert trials.kept(tmp_path, key, side, 0, seeds) is None
+    assert capsys.readouterr().err == ""
+    trials.keep(tmp_path, key, side, 0, seeds, {"loss": [0.5, 1.5, 2.5, 3.5]})
+    assert trials.kept(tmp_path, key, side, 0, seeds)["loss"].tolist() == [0.5, 1.5, 2.5, 3.5]
+    path = next(tmp_path.glob("*.csv"))
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]))
+    assert trials.kept(tmp_path, key, side, 0, seeds) is None
+    err = capsys.readouterr().err
+    assert f"kept block {path}: " in err and "training it again" in err

@@ -13,6 +13,7 @@ the batches it lacks.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,11 +109,15 @@ def kept(store, key: dict, side: Side, start: int, seeds: Sequence[int]) -> dict
     """The statistics :func:`keep` kept for these trials of ``side`` under ``key`` (vectors
     as a list of arrays, one per model), or None if there are none (another key, side or
     seeds, or no table)."""
-    from .io import as_recorded, read_table
+    from .io import BadInputFile, as_recorded, read_table
 
+    path = _path(store, side, start, len(seeds))
+    if not path.exists():
+        return None
     try:
-        table, prov = read_table(_path(store, side, start, len(seeds)))
-    except (OSError, ValueError):
+        table, prov = read_table(path)
+    except BadInputFile as exc:  # damaged since it was kept: say so, and train it again
+        print(f"kept block {exc.path}: {exc.reason}; training it again", file=sys.stderr)
         return None
     if (prov.get("key"), prov.get("side"), prov.get("trials")) != \
             (as_recorded(key), side.name, [start, start + len(seeds)]) \
