@@ -1,10 +1,11 @@
-"""The last-iterate heuristic against closed forms, an independent quadrature, Monte Carlo
-and the composition accountant it must never exceed."""
+"""The last-iterate heuristic against closed forms, an independent quadrature, Monte Carlo,
+dp_accounting's mixture-of-Gaussians PLD and the composition accountant it must never exceed."""
 
 import math
 
 import numpy as np
 import pytest
+from dp_accounting.pld import privacy_loss_distribution as pld
 from dp_accounting.pld import privacy_loss_mechanism as plm
 from scipy import integrate, optimize, special, stats
 
@@ -78,13 +79,35 @@ def test_delta_matches_monte_carlo_of_the_privacy_loss(eps):
 
 @pytest.mark.parametrize("sigma,steps", [(0.8, 1), (2.0, 1), (1.0, 25), (5.0, 400)])
 def test_full_batch_is_the_gaussian_mechanism(sigma, steps):
-    """q = 1: P = N(T, T sigma^2) against N(0, T sigma^2), mu = sqrt(T) / sigma."""
+    """q = 1: P = N(T, T sigma^2) against N(0, T sigma^2), mu = sqrt(T) / sigma; and the
+    composition accountant, which releases every iterate, gives the same eps (the black-box
+    audit's ``eps_th`` is the heuristic)."""
     mu = math.sqrt(steps) / sigma
     want = optimize.brentq(lambda e: _gauss_delta(e, mu) - DELTA, 0, 100, xtol=1e-13)
-    assert last_iterate_epsilon(sigma, 1.0, steps, DELTA) == pytest.approx(want, abs=1e-6)
+    heuristic = last_iterate_epsilon(sigma, 1.0, steps, DELTA)
+    assert heuristic == pytest.approx(want, abs=1e-6)
+    assert heuristic <= acc.epsilon(sigma, 1.0, steps, DELTA, "pld") <= heuristic + 1e-5
     if steps == 1:  # and dp_accounting's own analytic Gaussian agrees
         ref = plm.GaussianPrivacyLoss(sigma, sensitivity=1.0).get_delta_for_epsilon(1.0)
         assert last_iterate_delta(sigma, 1.0, 1, 1.0) == pytest.approx(ref, rel=1e-6)
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(1.0, 0.01, 1000), (2.68, Q_JAG, T_JAG),
+                                           (0.5, 0.5, 3)])
+def test_epsilon_matches_dp_accountings_mixture_of_gaussians(sigma, q, steps):
+    """dp_accounting's privacy loss distribution of the same pair (``MixtureGaussian``,
+    both adjacency directions, pessimistic): privacy losses rounded up to a grid of 1e-2,
+    so its eps lies between the exact eps and 1e-2 above it. The reference is a second
+    implementation: [SNG+25] plot the heuristic (Figure 1, eps at delta = 1e-6 against T)
+    but state no value this test could transcribe."""
+    k = np.arange(steps + 1.0)
+    logb = stats.binom.logpmf(k, steps, q)
+    b = np.exp(logb[logb > -200])
+    dist = pld.from_mixture_gaussian_mechanism(sigma * math.sqrt(steps), list(k[logb > -200]),
+                                               list(b / b.sum()),
+                                               value_discretization_interval=1e-2)
+    heuristic = last_iterate_epsilon(sigma, q, steps, DELTA)
+    assert heuristic - 1e-9 <= dist.get_epsilon_for_delta(DELTA) <= heuristic + 1e-2
 
 
 @pytest.mark.parametrize("sigma,q", [(0.7, Q_JAG), (1.0, 0.01), (2.0, 0.3), (0.5, 0.9)])
