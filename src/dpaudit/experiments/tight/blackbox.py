@@ -137,7 +137,8 @@ def canary(task: jagielski.Task, model: dpsgd.ModelSpec, init: dpsgd.Params,
            kind: str = "blank") -> tuple[np.ndarray, int]:
     """The canary ``(x (d,), label)``: an all-zero input (``blank``, the paper's) or the
     task's ClipBKD point (``clipbkd``), labelled with the class of the smallest logit of
-    the initial model ``init`` (the paper's worst-case label: the largest loss gradient)."""
+    the initial model ``init`` (the largest loss gradient; the paper uses this label for
+    its ClipBKD and fine-tuning canaries, and a fixed class, 9, for the blank one)."""
     if kind not in CANARIES:
         raise ValueError(f"canary kind={kind!r}: must be one of {CANARIES}")
     x = np.zeros(task.X.shape[1], np.float32) if kind == "blank" else \
