@@ -35,7 +35,7 @@ HEURISTIC = {
     "full-batch": ("last-iterate heuristic, full batch (= its eps_th)", "#aaaaaa"),
 }
 #: Horizontal spread of a label's markers, in octaves, so that equal ratios stay visible.
-DODGE = 0.04
+DODGE = 0.03
 
 
 def _runs(g) -> str:
