@@ -242,6 +242,16 @@ def test_onerun_and_table2_captions_name_what_is_shown(quick_config):
                                                        quick_config)
 
 
+def test_tight_caption_gives_each_audits_level_init_and_labels(quick_config):
+    """The quick config: the tight audits at 95%, Figure 2's ClipBKD cells at 99% and at
+    the fixed init, the one-run rows at 95%, and the labels that have those rows."""
+    text = _caption("tight_audit.rst", quick_config)
+    assert "64 runs per side, Clopper-Pearson at 95%" in text
+    assert "Figure 2 cells at init fixed, 40 models per side, 99%, trained with shuffle" in text
+    assert "1000 gradient canaries, init fixed, f-DP bound at 95%" in text
+    assert "jagielski.fig2.eps ['4', 'inf'] and onerun.eps ['4', 'inf']" in text
+
+
 def test_trials_needed_title_says_where_no_range_is_shaded(tmp_path, monkeypatch):
     """The reference study: at eps_th inf ClipBKD separates every draw perfectly (each
     method's quartiles are equal at every n), at 8 it does not."""

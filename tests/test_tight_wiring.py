@@ -1,6 +1,8 @@
 """The tight audits in the pipeline: the black-box CLI, ``tight-table`` (its columns, the
 estimates and theory rows it labels as such, the last-iterate heuristic against the
-Gaussian mechanism in closed form), ``tight-plot``'s legend, and the ``tight`` config."""
+Gaussian mechanism in closed form, the ClipBKD and one-run rows it joins from a Figure 2
+and a one-run table, each with the eps_th of its own relation), ``tight-plot``'s legend,
+and the ``tight`` config."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from scipy import optimize, stats
 
 from dpaudit.cli import main
 from dpaudit.cli.tight import TABLE_COLUMNS, assemble
-from dpaudit.io import read_table
+from dpaudit.io import read_table, write_table
 
 ROOT = Path(__file__).parents[1]
 DELTA = 1e-5
@@ -27,6 +30,10 @@ TRAIN = {"epochs": 1, "batch_size": 10, "lr": 0.5, "hidden": 4, "noise": {"2": 2
 BLACKBOX = {"runs": 6, "archs": ["lr"], "eps": ["2", "inf"], "alpha": 0.05, "delta": DELTA,
             "hidden": 4, "n_aux": 20, "n": 16, "steps": 3, "lr": 0.01, "clip": 1.0,
             "canary": "blank", "inits": ["worst-case", "glorot"]}
+# The one-run audit of the same task: Dirac canaries only, eps label 2 (so the tight cell
+# at inf has no one-run row).
+ONERUN = {"m": 8, "repeats": 2, "archs": ["lr"], "eps": ["2"], "canaries": ["dirac"],
+          "input_kind": "pca", "init": 1.0, "max_k": 500, "beta": 0.05, "delta": DELTA}
 
 
 def _task(path: Path) -> Path:
@@ -43,9 +50,18 @@ def _task(path: Path) -> Path:
     return path
 
 
+def _fig2(path: Path) -> Path:
+    """The paper-scale Figure 2 table's rows at eps labels 2 and 16 (both data sets, models
+    and attacks; 1000 models per side), written as jagielski-audit writes them."""
+    df, meta = read_table(ROOT / "reference/jagielski_fig2.csv")
+    write_table(df[df.eps_label.isin([2.0, 16.0])], path, meta)
+    return path
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """Both audits, the table and the figure through the CLI, as the rules call them."""
+    """Both audits, a one-run audit, the table (with a Figure 2 table's ClipBKD rows) and
+    the figure through the CLI, as the rules call them."""
     d = tmp_path_factory.mktemp("tight")
     task = _task(d / "task.npz")
     common = ["--task", str(task), "--seed", "2", "--device", "cpu"]
@@ -53,8 +69,11 @@ def run(tmp_path_factory):
                  "--train", json.dumps(TRAIN), "--out", str(d / "wb.csv")]) == 0
     assert main(["tight-blackbox-audit", *common, "--spec", json.dumps(BLACKBOX),
                  "--out", str(d / "bb.csv")]) == 0
+    assert main(["onerun-audit", *common, "--spec", json.dumps(ONERUN), "--train",
+                 json.dumps(TRAIN), "--out", str(d / "onerun.csv")]) == 0
     assert main(["tight-table", "--whitebox", str(d / "wb.csv"), "--blackbox",
-                 str(d / "bb.csv"), "--out", str(d / "tight_audit.csv")]) == 0
+                 str(d / "bb.csv"), "--clipbkd", str(_fig2(d / "fig2.csv")), "--onerun",
+                 str(d / "onerun.csv"), "--out", str(d / "tight_audit.csv")]) == 0
     assert main(["tight-plot", "--table", str(d / "tight_audit.csv"), "--out",
                  str(d / "tight_audit.pdf")]) == 0
     return d
@@ -64,20 +83,34 @@ def test_cli_end_to_end_rows_columns_and_labels(run):
     df, meta = read_table(run / "tight_audit.csv")
     assert list(df.columns) == list(TABLE_COLUMNS)
     assert meta["command"] == "tight-table" and meta["blackbox_table"]["spec"] == BLACKBOX
+    assert meta["onerun_table"]["spec"] == ONERUN
+    assert meta["clipbkd_table"]["command"] == "jagielski-audit"
     assert (run / "tight_audit.pdf").stat().st_size and (run / "tight_audit.png").exists()
-    assert (df.relation == "add/remove").all()
+    clipbkd = df.method.str.startswith("blackbox-clipbkd")
+    assert (df[clipbkd].relation == "replace-one").all()
+    assert (df[~clipbkd].relation == "add/remove").all()
     methods = set(df.method)
     assert methods == {"whitebox-llr", "whitebox-llr-gdp", "whitebox-dot-sum",
                        "whitebox-dot-sum-gdp", "blackbox-worst-case-init",
                        "blackbox-worst-case-init-gdp", "blackbox-glorot-init",
-                       "blackbox-glorot-init-gdp", "last-iterate-heuristic"}
+                       "blackbox-glorot-init-gdp", "last-iterate-heuristic",
+                       "blackbox-clipbkd", "blackbox-clipbkd-gdp", "onerun-whitebox-llr",
+                       "onerun-whitebox-llr-gdp", "onerun-whitebox-dot-sum",
+                       "onerun-whitebox-dot-sum-gdp"}
     # Only the Clopper-Pearson rows claim a bound; estimates and theory never do.
     assert (df.certified == ~(df.method.str.endswith("-gdp")
                               | (df.method == "last-iterate-heuristic"))).all()
     theory = df[df.kind == "theory"]
     assert set(theory.method) == {"last-iterate-heuristic"} and (theory.runs == 0).all()
     assert len(theory) == 4  # (poisson, full-batch) x eps labels 2 and inf, one model
-    assert (df[df.kind == "measurement"].runs == 6).all()
+    tight = df[df.method.str.startswith(("whitebox", "blackbox-worst", "blackbox-glorot"))]
+    assert (tight.runs == 6).all()
+    assert (df[clipbkd].runs == 1000).all()
+    assert (df[df.method.str.startswith("onerun")].runs == 1).all()
+    # only the tight cells' rows join: LR at eps label 2 (neither table has inf; the
+    # Figure 2 table's 2-layer net and eps 16 are no tight cell)
+    joined = df[clipbkd | df.method.str.startswith("onerun")]
+    assert len(joined) == 6 and set(joined.arch) == {"lr"} and set(joined.eps_label) == {2}
     cert = df[df.certified]
     assert (cert.eps_lb <= cert.eps_th).all()
     # The black box calibrates its noise so that eps_th (PLD, sample rate 1) is the label.
@@ -119,6 +152,111 @@ def test_whitebox_gdp_estimates_get_rows_of_their_own(run):
     assert set(df.setting) == {"poisson"}
 
 
+def test_clipbkd_rows_carry_the_replace_one_eps_of_their_cell(run):
+    """A Figure 2 cell's row: its certified bound, the PLD eps of replace-one neighbours as
+    eps_th (D0 and D1 differ in k replaced rows; the bound is per row by group privacy),
+    its rdp_classic eps (add/remove) beside it, and its GDP estimate as a row of its own."""
+    from dpaudit import accounting
+
+    df, _ = read_table(run / "tight_audit.csv")
+    fig2, _ = read_table(run / "fig2.csv")
+    src = fig2[(fig2.dataset == "fmnist") & (fig2.arch == "lr") & (fig2.attack == "clipbkd")
+               & (fig2.eps_label == 2)].iloc[0]
+    got = df[df.method == "blackbox-clipbkd"].iloc[0]
+    assert (got.eps_th, got.eps_rdp, got.eps_lb, got.mu_lb, got.tpr, got.fpr, got.auc) == (
+        src.eps_pld_replace, src.eps_th, src.eps_lb, src.mu_lb, src.tpr, src.fpr, src.auc)
+    assert (got.eps_th, got.eps_rdp, got.eps_lb) == (3.1259845625941316, 2.0036755499200476,
+                                                     0.14929718439931355)
+    # the accountant, independently: noise 2.68, q = 250 / 6000, 24 epochs
+    assert got.eps_th == pytest.approx(
+        accounting.epsilon_replace_one(2.68, 250 / 6000, 576, DELTA), rel=1e-9)
+    assert (got.threat_model, got.setting, got.kind, got.certified, got.alpha) == (
+        "black-box", "shuffle; Glorot x 1", "measurement", True, 0.01)
+    assert (got.runs, got.noise, got.q, got.steps, got.n) == (1000, 2.68, 250 / 6000, 576,
+                                                              6000)
+    assert got.eps_lb_ratio == got.eps_lb / got.eps_th
+    gdp = df[df.method == "blackbox-clipbkd-gdp"].iloc[0]
+    assert gdp.eps_lb == src.eps_lb_gdp == 0.41671175144896566 and not gdp.certified
+
+
+def test_onerun_rows_are_the_first_run_with_the_add_remove_eps(run):
+    """A one-run cell's rows: the first run's f-DP bound under each threat model, the PLD
+    eps of add/remove neighbours (each canary is added or not) as eps_th, one run."""
+    from dpaudit import accounting
+
+    df, _ = read_table(run / "tight_audit.csv")
+    one, _ = read_table(run / "onerun.csv")
+    for threat, method in (("all-iterates", "onerun-whitebox-llr"),
+                           ("last-iterate", "onerun-whitebox-dot-sum")):
+        src = one[(one.threat_model == threat) & (one.repeat == 0)].iloc[0]
+        got = df[df.method == method].iloc[0]
+        assert (got.eps_th, got.eps_rdp, got.eps_lb, got.mu_lb) == (
+            src.eps_pld, src.eps_th, src.eps_lb_fdp, src.mu_lb)
+        assert (got.threat_model, got.relation, got.runs, got.alpha, got.certified) == (
+            threat, "add/remove", 1, 0.05, True)
+        assert got.setting == "poisson; 1 run, 8 canaries; Glorot x 1"
+        gdp = df[df.method == method + "-gdp"].iloc[0]
+        assert gdp.eps_lb == src.eps_gdp and not gdp.certified
+    # noise 2 over 4 Poisson steps at q = 10 / 40: the same training as the tight white
+    # box's cell, so the same eps_th
+    assert got.eps_th == pytest.approx(accounting.epsilon(2.0, 0.25, 4, DELTA, "pld"),
+                                       rel=1e-9)
+    wb = df[(df.method == "whitebox-llr") & (df.eps_label == 2)].iloc[0]
+    assert got.eps_th == wb.eps_th
+
+
+def test_absent_cells_are_skipped_with_a_log_line_and_the_white_box_init_is_taken(run):
+    wb, _ = read_table(run / "wb.csv")
+    fig2, meta = read_table(run / "fig2.csv")
+    one, one_meta = read_table(run / "onerun.csv")
+    said = []
+    df = assemble(wb, None, clipbkd=(fig2, meta, "f.csv"), onerun=(one, one_meta, "o.csv"),
+                  log=said.append)
+    assert said == ["no FMNIST ClipBKD (Figure 2) cell for lr eps inf: no row",
+                    "no one-run white-box cell for lr eps inf: no row"]
+    assert len(df[df.method == "blackbox-clipbkd"]) == 1
+    # beside cells at a fixed init, the Glorot x 1 cells of the tight white box are taken
+    fixed = fig2.assign(init="fixed", eps_lb=9.0)
+    both = assemble(wb, None, clipbkd=(pd.concat([fixed, fig2]), meta, "f.csv"))
+    assert both[both.method == "blackbox-clipbkd"].eps_lb.tolist() == [0.14929718439931355]
+    # a fixed init alone is taken, and the setting says so
+    alone = assemble(wb, None, clipbkd=(fixed, meta, "f.csv"))
+    row = alone[alone.method == "blackbox-clipbkd"].iloc[0]
+    assert (row.eps_lb, row.setting) == (9.0, "shuffle; fixed init")
+
+
+@pytest.mark.parametrize("fault, match", [
+    ("altered", "do not match the content hash"), ("unhashed", "no content hash recorded"),
+    ("foreign", "not a table of jagielski-audit --experiment fig2: it lacks column"),
+    ("two-inits", r"at the inits \['fixed', 'g2'\], none the tight white box's"),
+    ("no-sampling", "its provenance lacks spec.sampling")])
+def test_a_damaged_or_foreign_figure2_table_is_named(run, tmp_path, capsys, fault, match):
+    import re
+
+    bad = tmp_path / "fig2.csv"
+    head, body = (run / "fig2.csv").read_text().split("\n", 1)
+    meta = json.loads(head.split(": ", 1)[1])
+    fig2, _ = read_table(run / "fig2.csv")
+    if fault == "altered":
+        bad.write_text(head + "\n" + body.replace("0.14929718439931355", "0.14929718439931356"))
+    elif fault == "unhashed":
+        meta.pop("body_sha256")
+        bad.write_text("# dpaudit-provenance: " + json.dumps(meta) + "\n" + body)
+    elif fault == "foreign":
+        bad.write_bytes((run / "wb.csv").read_bytes())
+    elif fault == "two-inits":
+        write_table(pd.concat([fig2.assign(init="fixed"), fig2.assign(init="g2")]), bad, meta)
+    else:
+        write_table(fig2, bad, {**meta, "spec": {k: v for k, v in meta["spec"].items()
+                                                 if k != "sampling"}})
+    out = tmp_path / "out.csv"
+    assert main(["tight-table", "--whitebox", str(run / "wb.csv"), "--clipbkd", str(bad),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and re.search(match, err) and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_table_without_audits_is_refused(tmp_path, capsys):
     assert main(["tight-table", "--out", str(tmp_path / "x.csv")]) == 2
     assert "--whitebox, --blackbox" in capsys.readouterr().err
@@ -152,18 +290,29 @@ def test_figure_legend_names_only_drawn_lines_certified_solid_estimates_dashed(r
     fig = figures[0]
     _assert_legend_is_drawn(fig)
     labels = _legend_labels(fig)
-    assert any("last-iterate heuristic" in lab for lab in labels)
+    assert sum("last-iterate heuristic" in lab for lab in labels) == 2  # both set-ups
     assert any(lab.startswith("eps_th") for lab in labels)
     lines = [ln for ax in fig.axes for ln in ax.get_lines()]
     for line in lines:
         label = line.get_label()
-        if label.endswith("certified bound"):
+        if "certified at" in label:
             assert line.get_linestyle() == "-"
         if "GDP estimate" in label:
-            assert line.get_linestyle() == "--"
-    # 2 set-ups x 1 model; the cells without noise are not drawn (no ratio).
-    assert len([ax for ax in fig.axes if ax.get_visible() and ax.get_lines()]) == 2
+            assert line.get_linestyle() == "--" and line.get_markerfacecolor() == "none"
+    # the joined audits with markers of their own, each certified at its own level
+    markers = {m: {ln.get_marker() for ln in lines if ln.get_label().startswith(name + ",")}
+               for m, (name, _, _) in tight.METHODS.items()}
+    assert markers["blackbox-clipbkd"] == {"^"} and markers["onerun-whitebox-llr"] == {"v"}
+    assert not {"^", "v"} & (markers["whitebox-llr"] | markers["blackbox-worst-case-init"])
+    assert any("ClipBKD" in lab and "1000 runs per side: certified at 99%" in lab
+               for lab in labels)
+    assert any("all iterates (Steinke et al. 2023), 1 run: certified at 95%" in lab
+               for lab in labels)
+    # one panel per model; the cells without noise are not drawn (no ratio)
+    assert len([ax for ax in fig.axes if ax.get_visible() and ax.get_lines()]) == 1
     assert all(np.isfinite(ln.get_xdata()).all() for ln in lines if len(ln.get_xdata()) > 2)
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks == ["2"]
 
 
 @pytest.mark.parametrize("fault", ["missing", "foreign"])

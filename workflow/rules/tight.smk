@@ -1,8 +1,10 @@
 # Tight audits of DP-SGD (docs/tight.md): the white-box multi-run audit (Nasr et al. 2023)
 # on the FMNIST cells of Jagielski et al.'s Figure 2, the worst-case-init black-box audit
 # (Annamalai and De Cristofaro 2024, full batch) on the same task, and the last-iterate
-# heuristic (Steinke et al. 2025) beside them.  Named target `tight`; not in the default
-# target (1000 runs per side and cell are hours of training).
+# heuristic (Steinke et al. 2025) beside them; the table also takes the FMNIST ClipBKD
+# cells of Figure 2 and the one-run white-box audit at the same models and eps labels,
+# where their configs have them.  Named target `tight`; not in the default target (1000
+# runs per side and cell are hours of training).
 from dpaudit.cli.tight import SPEC_KEYS as TIGHT_WHITEBOX_KEYS
 
 TIGHT = config["tight"]
@@ -91,6 +93,9 @@ rule tight_table:
     input:
         whitebox="results/tight/whitebox.csv",
         blackbox="results/tight/blackbox.csv",
+        # Their rows at the tight archs x eps labels that jagielski.fig2 and onerun have.
+        clipbkd="results/jagielski_fig2.csv",
+        onerun="results/onerun_dpsgd.csv",
     output:
         "results/tight_audit.csv",
     localrule: True
@@ -100,7 +105,7 @@ rule tight_table:
         ENV
     shell:
         "dpaudit tight-table --whitebox {input.whitebox} --blackbox {input.blackbox}"
-        " --out {output} 2> {log}"
+        " --clipbkd {input.clipbkd} --onerun {input.onerun} --out {output} 2> {log}"
 
 
 rule tight_plot:

@@ -3,7 +3,8 @@ tight-whitebox-audit``, the white-box multi-run audit (Nasr et al. 2023), and ``
 tight-blackbox-audit``, the worst-case-init black-box audit (Annamalai and De Cristofaro
 2024), each one row per arch x eps label x method on a Jagielski task; ``dpaudit
 tight-table`` puts both beside the last-iterate heuristic (Steinke et al. 2025) in one
-table, and ``dpaudit tight-plot`` draws it."""
+table, with the ClipBKD rows of a Figure 2 table and the white-box rows of a one-run
+table in the same cells, and ``dpaudit tight-plot`` draws it."""
 
 from __future__ import annotations
 
@@ -149,17 +150,23 @@ def _blackbox(args) -> None:
                  "device": args.device, "task": task_prov})
 
 
-def assemble(whitebox, blackbox) -> "pd.DataFrame":
+def assemble(whitebox, blackbox, clipbkd=None, onerun=None, log=lambda msg: None
+             ) -> "pd.DataFrame":
     """The rows of ``results/tight_audit.csv`` (:data:`TABLE_COLUMNS`) from the tables of
     ``tight-whitebox-audit`` and ``tight-blackbox-audit`` (either may be None): every audit
     row (``kind`` measurement), the white-box GDP estimates as rows of their own (method
     ``<method>-gdp``, ``certified`` False, as the black-box table has them), and per set-up
     (``setting`` x arch x eps label) one ``last-iterate-heuristic`` row: the eps of
     releasing only the last iterate with linear losses (Steinke et al. 2025), a theory line
-    (``kind`` theory, ``certified`` False, no runs), not a measurement."""
+    (``kind`` theory, ``certified`` False, no runs), not a measurement. ``clipbkd`` and
+    ``onerun``: ``(table, provenance, path)`` of a Figure 2 and a one-run table, whose rows
+    in the tight audits' cells (arch x eps label) join the table, each with its own
+    relation and ``eps_th`` (:mod:`dpaudit.experiments.tight.joined`; a cell they lack is
+    skipped with a ``log`` line)."""
     import pandas as pd
 
     from ..experiments.jagielski import eps_label
+    from ..experiments.tight import joined
     from ..last_iterate import last_iterate_epsilon
 
     parts = []
@@ -176,13 +183,18 @@ def assemble(whitebox, blackbox) -> "pd.DataFrame":
     df["eps_label"] = df.eps_label.map(eps_label)
     df["kind"] = "measurement"
     theory = df.drop_duplicates(["setting", "arch", "eps_label"]).copy()
+    cells = list(dict.fromkeys(zip(theory.arch, theory.eps_label)))
     theory["eps_lb"] = [last_iterate_epsilon(r.noise, r.q, int(r.steps), r.delta)
                         for r in theory.itertuples()]
     theory = theory.assign(method="last-iterate-heuristic", threat_model="last-iterate",
                            kind="theory", certified=False, runs=0)
     for column in ("mu_lb", "eps_lb_gdp", "tpr", "fpr", "auc", "alpha", "seed"):
         theory[column] = math.nan
-    df = pd.concat([df, theory], ignore_index=True)
+    joins = [rows(*given[:2], cells, log, source=given[2]) for rows, given in
+             ((joined.clipbkd_rows, clipbkd), (joined.onerun_rows, onerun)) if given]
+    joins = [j.assign(eps_label=j.eps_label.map(eps_label), kind="measurement")
+             for j in joins if not j.empty]
+    df = pd.concat([df, theory, *joins], ignore_index=True)
     df["eps_lb_ratio"] = df.eps_lb / df.eps_th  # 0 where eps_th is inf
     df["certified"] = df.certified.astype(bool)
     return df[list(TABLE_COLUMNS)].sort_values(
@@ -190,15 +202,27 @@ def assemble(whitebox, blackbox) -> "pd.DataFrame":
 
 
 def _table(args) -> None:
+    from ..experiments.tight import joined
     from ..io import read_table, write_table
 
     tables = {name: read_table(path) if path else (None, None)
               for name, path in (("whitebox", args.whitebox), ("blackbox", args.blackbox))}
     if all(df is None for df, _ in tables.values()):
-        raise SpecError("tight-table: give --whitebox, --blackbox or both")
-    df = assemble(tables["whitebox"][0], tables["blackbox"][0])
+        raise SpecError("tight-table: give --whitebox, --blackbox or both (--clipbkd and "
+                        "--onerun add rows in their cells)")
+    given = {}
+    for name, what, columns in (
+            ("clipbkd", "jagielski-audit --experiment fig2", joined.CLIPBKD_COLUMNS),
+            ("onerun", "onerun-audit", joined.ONERUN_COLUMNS)):
+        path = getattr(args, name)
+        if path is not None:
+            given[name] = (*read_table(path, require_hash=True, columns=columns, what=what),
+                           path)
+    df = assemble(tables["whitebox"][0], tables["blackbox"][0], **given,
+                  log=say("tight-table"))
     write_table(df, args.out, {"command": "tight-table",
-                               **{f"{k}_table": prov for k, (_, prov) in tables.items()}})
+                               **{f"{k}_table": prov for k, (_, prov) in tables.items()},
+                               **{f"{k}_table": prov for k, (_, prov, _) in given.items()}})
 
 
 def _plot(args) -> None:
@@ -238,6 +262,12 @@ def register(subparsers) -> None:
                                                   "heuristic in one table")
     p.add_argument("--whitebox", type=Path, default=None, help="CSV from tight-whitebox-audit")
     p.add_argument("--blackbox", type=Path, default=None, help="CSV from tight-blackbox-audit")
+    p.add_argument("--clipbkd", type=Path, default=None,
+                   help="Figure 2 table (jagielski-audit --experiment fig2): its FMNIST ClipBKD "
+                        "rows in the tight audits' cells")
+    p.add_argument("--onerun", type=Path, default=None,
+                   help="one-run table (onerun-audit): its white-box rows in the tight "
+                        "audits' cells")
     p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
     p.set_defaults(func=_table)
 
