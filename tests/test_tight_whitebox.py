@@ -167,7 +167,7 @@ def task_file(tmp_path):
     return path
 
 
-def test_cli_writes_one_row_per_method(tmp_path, task_file):
+def test_cli_writes_one_row_per_method(tmp_path, task_file, capsys):
     import json
 
     from dpaudit.io import read_table
@@ -180,6 +180,8 @@ def test_cli_writes_one_row_per_method(tmp_path, task_file):
     assert list(df.method) == ["whitebox-llr", "whitebox-dot-sum"]
     assert (df.eps_label == 2).all() and (df.relation == "add/remove").all()
     assert (df.eps_lb <= df.eps_th).all() and (df.runs == 6).all()
+    # Progress during the cell's training, in models of both sides (12 here).
+    assert "dpaudit tight-whitebox-audit: lr eps 2: 12/12 models in" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("spec, train, match", [

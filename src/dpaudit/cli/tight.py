@@ -84,7 +84,8 @@ def _audit(args) -> None:
             try:
                 got = whitebox.audit(task.X, task.y, model, cfg, spec["runs"], args.seed,
                                      spec["alpha"], spec["delta"], spec["select_frac"],
-                                     device=device)
+                                     device=device,
+                                     progress=_every_tenth(log, f"{arch} eps {label}"))
             except ValueError as exc:  # a bad runs, alpha, delta or select_frac, by name
                 raise SpecError(f"--spec: {exc}") from exc
             rows += [{"eps_label": label, **r} for r in got]
@@ -94,6 +95,20 @@ def _audit(args) -> None:
     write_table(pd.DataFrame(rows), args.out,
                 {"command": "tight-whitebox-audit", "spec": spec, "train": train,
                  "seed": args.seed, "device": args.device, "task": task_prov})
+
+
+def _every_tenth(log, what: str):
+    """A ``progress(done, total)`` that logs ``what: done/total models, elapsed`` when done
+    passes another tenth of total (a cell of 1000 runs per side is many minutes on a CPU)."""
+    import time
+
+    start, shown = time.perf_counter(), [0]
+
+    def progress(done: int, total: int) -> None:
+        if done * 10 // total > shown[0]:
+            shown[0] = done * 10 // total
+            log(f"{what}: {done}/{total} models in {time.perf_counter() - start:.0f} s")
+    return progress
 
 
 def blackbox_noise(label: str, steps: int, delta: float) -> float:
