@@ -619,8 +619,8 @@ def test_columns_must_share_the_batches():
 def test_seeds_per_call_and_step_bytes():
     model = D.ModelSpec("fnn", 784, hidden=32)
     cfg = D.DPSGDConfig(epochs=24, batch_size=250, lr=0.15, clip=1.0, noise_multiplier=1.0)
-    assert D.seeds_per_call(model, 6000, cfg, 1, "cpu") == 32
-    assert D.seeds_per_call(model, 6000, cfg, 72, "cpu") == 1
+    assert D.seeds_per_call(model, 6000, cfg, 1, "cpu") == 128
+    assert D.seeds_per_call(model, 6000, cfg, 72, "cpu") == 2
     assert D.seeds_per_call(model, 6000, cfg, 1, "cpu", limit=10) == 10
     # noise chunk (72 steps x P floats) + sampling (3 epochs of float64 keys and int64
     # indices) + weights + the step's activations: grows by ~P*8 + activations per column
