@@ -328,6 +328,10 @@ def test_the_config_target_takes_the_mode_and_n_aux(tmp_path, monkeypatch, capsy
     assert run(mode="white-box") == 0
     table, _ = read_table(tmp_path / "u.csv")
     assert (table["mode"].item(), table.method.item()) == ("white-box", "whitebox-llr")
+    # the target's figure draws the white-box runs' scores
+    assert main(["tramer-plot", "--table", str(tmp_path / "u.csv"), "--losses",
+                 str(tmp_path / "l.csv"), "--out", str(tmp_path / "f.pdf")]) == 0
+    assert (tmp_path / "f.png").stat().st_size > 0
     assert run(mode="worst-case-init", n_aux=51) == 2
     assert "--n-aux=51: only 50 examples" in capsys.readouterr().err
     assert run(mode="worst-case-init", n_aux=50) == 0

@@ -329,8 +329,8 @@ def _plot(args) -> None:
 
 #: ``--store`` of ``audit-impl`` and ``tramer-audit``.
 STORE_HELP = ("folder that keeps every finished batch of runs of the registry subjects (buggy, "
-              "fixed, half-steps), so that a rerun trains only what it lacks; the subjects of "
-              "one spec train as columns of the same calls")
+              "fixed, half-steps, half-noise), so that a rerun trains only what it lacks; the "
+              "subjects of one spec train as columns of the same calls")
 
 
 def register(subparsers) -> None:
@@ -341,8 +341,8 @@ def register(subparsers) -> None:
                     "the claimed (eps, delta) with Clopper-Pearson at confidence 1 - ALPHA and "
                     "the GDP test (Tramer et al. 2022).")
     p.add_argument("--train", action="extend", nargs="+", required=True, metavar="TARGET",
-                   help="'buggy', 'fixed', 'half-steps' or 'module.path:function' (several: one "
-                        "table row each)")
+                   help="'buggy', 'fixed', 'half-steps', 'half-noise' or 'module.path:function' "
+                        "(several: one table row each)")
     p.add_argument("--eps", required=True, help="claimed epsilon")
     p.add_argument("--delta", required=True, help="claimed delta")
     p.add_argument("--canary", choices=["checkerboard", "clipbkd"], default="checkerboard")
