@@ -122,8 +122,8 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
             "multiplier {:.4g}, q = {:g}, T = {}".format(*claims[target])), file=sys.stderr)
         plans.append((target, fn, target_spec))
     return {"eps": eps, "delta": delta, "alpha": alpha, "min_runs": need, "classes": classes,
-            "plans": plans, "claims": claims, "runs": runs, "val_runs": val_runs, "n_train": n_train,
-            "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
+            "plans": plans, "claims": claims, "runs": runs, "val_runs": val_runs,
+            "n_train": n_train, "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
             "max_diverged": max_diverged, "mode": mode, "n_aux": n_aux}
 
 
@@ -339,7 +339,8 @@ def register(subparsers) -> None:
         description="Train TARGET on Fashion-MNIST with and without a canary, RUNS times per "
                     "side (plus VAL_RUNS per side to pick the label and threshold), and test "
                     "the claimed (eps, delta) with Clopper-Pearson at confidence 1 - ALPHA and "
-                    "the GDP test (Tramer et al. 2022).")
+                    "the GDP test (Tramer et al. 2022); where the spec names q and steps (or "
+                    "batch_size and epochs), also the claimed DP-SGD privacy profile.")
     p.add_argument("--train", action="extend", nargs="+", required=True, metavar="TARGET",
                    help="'buggy', 'fixed', 'half-steps', 'half-noise' or 'module.path:function' "
                         "(several: one table row each)")
