@@ -133,6 +133,10 @@ KIND = {
               _nan_bound, _text_bound, _none_bound, _shape_bound, _arity_bound],
     "ties": [None, "last", "", 1, True, ["first"], np.array(["first"]), ("first",)],
     "name": [None, "", 1, b"scores", ["scores"]],
+    "epsilons": [*NOT_NUMBERS, 1.0, np.array(1.0), [], [NAN, 1.0], [0.0, INF], [[0.0, 1.0]],
+                 ["0", "1"], [1 + 0j, 2]],
+    "deltas": [*NOT_NUMBERS, 0.5, [], [0.5], [0.5, 0.1, 0.0], [NAN, 0.1], [-0.1, 0.1],
+               [0.5, 1.5], [[0.5, 0.1]], ["0.5", "0.1"]],
 }
 
 #: The kind of a parameter whose name means something else in one function.
@@ -151,6 +155,7 @@ DEFAULT = {
     "bound": bounds.eps_lb_clopper_pearson, "ties": "first", "scores": [3.0, 2.0, 1.0, 0.0],
     "included": [1, 0, 1, 0], "correct": [2, 4, 5, 7, 9], "ks": None,
     "select_alpha": 0.05, "splits": 3, "boots": 3, "seed": 0, "orders": None,
+    "epsilons": [0.0, 1.0], "deltas": [0.5, 0.1],
 }
 VALID = {
     "mu_lb_one_run_gdp": dict(r=10, v=9), "eps_lb_one_run_fdp": dict(r=10, v=9),

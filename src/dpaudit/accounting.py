@@ -52,6 +52,7 @@ __all__ = [
     "epsilon_curve",
     "epsilon_replace_one",
     "dpsgd_epsilons",
+    "privacy_profile",
     "noise_multiplier",
     "basic_composition",
     "advanced_composition",
@@ -236,6 +237,29 @@ def dpsgd_epsilons(sigma: float, sample_rate: float, steps: int, delta: float) -
     return {"eps_th": epsilon(sigma, sample_rate, steps, delta, "rdp_classic"),
             "eps_pld": epsilon(sigma, sample_rate, steps, delta, "pld"),
             "eps_pld_replace": epsilon_replace_one(sigma, sample_rate, steps, delta)}
+
+
+def privacy_profile(sigma: float, sample_rate: float, steps: int, epsilons) -> np.ndarray:
+    """The privacy profile ``delta(e)`` of DP-SGD, for every ``e`` of ``epsilons``: the
+    smallest delta at which ``steps`` Poisson-subsampled Gaussian steps (noise multiplier
+    ``sigma``) are (e, delta)-DP for add/remove neighbours, by dp_accounting's PLD.
+
+    Each direction has its own privacy loss distribution (removing a row differs from adding
+    one when ``sample_rate < 1``); dp_accounting keeps both and returns the larger delta of
+    the two, which is the add/remove profile. Its losses are rounded up and truncated mass
+    counted as infinite loss (pessimistic), so every value is an upper bound on the exact
+    profile (within about 1e-15 and the discretization's rounding above it).
+    """
+    _check_sgd(sigma, sample_rate, steps, 0.5)
+    if not sigma > 0 or steps < 1:
+        raise ValueError(f"sigma={sigma!r}, steps={steps!r}: need sigma > 0 and steps >= 1")
+    eps = np.asarray(epsilons, dtype=float)
+    if eps.ndim != 1 or not eps.size or not np.all(np.isfinite(eps)):
+        raise ValueError(f"epsilons={epsilons!r}: must be a non-empty 1-d array of finite "
+                         "numbers")
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    acc.compose(_dp_sgd_event(sigma, sample_rate, steps))
+    return np.asarray(acc.get_delta(list(eps)), dtype=float).reshape(eps.shape)
 
 
 def noise_multiplier(eps: float, sample_rate: float, steps: int, delta: float,

@@ -34,6 +34,13 @@ T / 2 of them (eps, delta)-DP, so its true eps (:func:`true_eps`) is about sqrt(
 times the claim. A subtler bug than ``buggy``: a black-box audit of the final model
 rarely sees it, a white-box one does.
 
+A fourth, ``half-noise``, is correct DP-SGD whose noise std on the clipped sum is
+``sigma * C / 2``, calibrated to a sensitivity of C / 2: the factor 2 between the
+replace-one sensitivity (2C) and the add/remove one (C) applied in the wrong direction.
+Its true eps is about twice the claim (1.9 times at (0.21, 1e-5), 2.1 times at (2, 1e-5);
+q = 0.2, T = 100): too little for the eps test at a small claim, within reach of the
+profile test (:func:`dpaudit.bounds.profile_audit`) at a larger one.
+
 The buggy subjects are named test subjects here, never options of the real trainer.
 
 Every subject accepts the two optional keywords of the tight modes of ``dpaudit
@@ -131,6 +138,10 @@ def _buggy_std(cfg, q, spec):
     return cfg.noise_multiplier * cfg.clip / cfg.batch_size
 
 
+def _half_noise_std(cfg, q, spec):
+    return cfg.noise_multiplier * cfg.clip / 2
+
+
 def _half_steps_std(cfg, q, spec):
     steps = max(1, round(spec["epochs"] / q))
     return _half_steps_sigma(spec, q, steps) * cfg.clip
@@ -162,11 +173,18 @@ def dpsgd_half_steps(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spe
     return _train(X, y, seeds, spec, _half_steps_std, init, canaries)
 
 
-#: Named subjects of the case study, and the second buggy subject of the tight modes.
+def dpsgd_half_noise(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict, *,
+                     init: dpsgd.Params | None = None,
+                     canaries: dpsgd.GradientCanaries | None = None):
+    """Noise calibrated to sensitivity C / 2: noise std ``sigma * C / 2`` on the clipped sum."""
+    return _train(X, y, seeds, spec, _half_noise_std, init, canaries)
+
+
+#: Named subjects of the case study, and the buggy subjects of the tight modes.
 SUBJECTS: dict[str, TrainFn] = {"fixed": dpsgd_fixed, "buggy": dpsgd_buggy,
-                                "half-steps": dpsgd_half_steps}
+                                "half-steps": dpsgd_half_steps, "half-noise": dpsgd_half_noise}
 _NOISE_STD = {dpsgd_fixed: _fixed_std, dpsgd_buggy: _buggy_std,
-              dpsgd_half_steps: _half_steps_std}
+              dpsgd_half_steps: _half_steps_std, dpsgd_half_noise: _half_noise_std}
 
 
 def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
@@ -217,6 +235,35 @@ def claimed_noise_multiplier(spec: dict, n: int) -> float:
     return _plan(X, torch.zeros(n, dtype=torch.long), {**spec, "n": n, "n_classes": 2})[2]
 
 
+def claimed_dpsgd(spec: dict, eps: float, delta: float, n: int) -> tuple[float, float, int] | None:
+    """``(sigma, q, T)`` of correct DP-SGD claiming (eps, delta) in the setting ``spec``
+    names, the claim the profile test holds an implementation to: the sample rate and steps
+    ``q = spec["q"]``, ``T = spec["steps"]``, or as the registry subjects read them, ``q =
+    batch_size / n`` (``spec["n"]`` if given, else ``n``) and ``T = round(epochs / q)``;
+    sigma calibrated to (eps, delta) by ``spec["accountant"]`` (default ``rdp``). None
+    when ``spec`` names neither pair. A ValueError names a key of the wrong kind."""
+    if "q" in spec and "steps" in spec:
+        q, steps = spec["q"], spec["steps"]
+    elif "batch_size" in spec and "epochs" in spec:
+        size = spec.get("n", n)
+        for key, value in (("batch_size", spec["batch_size"]), ("epochs", spec["epochs"]),
+                           ("n", size)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"spec.{key}={value!r}: must be a number > 0")
+        q = spec["batch_size"] / size
+        steps = max(1, round(spec["epochs"] / q)) if 0 < q <= 1 else 0
+    else:
+        return None
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:
+        raise ValueError(f"spec: sample rate q={q!r}: must lie in (0, 1] (q, or batch_size / n)")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"spec.steps={steps!r}: must be a whole number >= 1")
+    method = spec.get("accountant", "rdp")
+    if method not in accounting.METHODS:
+        raise ValueError(f"spec.accountant={method!r}: must be one of {accounting.METHODS}")
+    return _noise_multiplier(eps, q, steps, delta, method), float(q), steps
+
+
 def true_eps(name: str, spec: dict, n: int, delta: float | None = None) -> float:
     """The add/remove eps at ``delta`` (default the claimed one) that registry subject
     ``name`` really has for ``spec`` on n examples: the PLD accountant's eps of its T
@@ -230,5 +277,5 @@ def true_eps(name: str, spec: dict, n: int, delta: float | None = None) -> float
 
 
 __all__ = ["SUBJECTS", "SUBJECT_KEYS", "TrainFn", "Predict", "dpsgd_fixed", "dpsgd_buggy",
-           "dpsgd_half_steps", "model_spec", "train_columns", "load_train_fn",
-           "claimed_noise_multiplier", "true_eps"]
+           "dpsgd_half_steps", "dpsgd_half_noise", "model_spec", "train_columns", "load_train_fn",
+           "claimed_noise_multiplier", "claimed_dpsgd", "true_eps"]

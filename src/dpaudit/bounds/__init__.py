@@ -25,6 +25,7 @@ Modules, each one kind of statistic; every public name is re-exported here:
 - :mod:`.resplits`: the bound on seeded re-splits of the same trials (a diagnostic).
 - :mod:`.one_run`: one-run audits of [SNJ23] (guess grid and counts, the sweep).
 - :mod:`.fdp`: one-run audits in f-DP ([MMC25]).
+- :mod:`.profile`: a certified test of a claimed privacy profile (every (e, delta(e)) at once).
 
 References
 ----------
@@ -59,6 +60,7 @@ from .one_run import (GUESS_GRID_SIZE, SWEEP_COLUMNS, eps_lb_hoeffding, eps_lb_o
                       guess_counts, guess_grid, one_run_sweep)
 from .paper_rule import (PAPER_ALPHA, PAPER_BOOTSTRAPS, PAPER_SELECT_ALPHA, PaperRuleAudit,
                          eps_lb_paper_rule, paper_rule_bootstrap)
+from .profile import ProfileAudit, profile_audit, profile_violation
 from .resplits import eps_lb_resplits
 from .roc import auc, tpr_at_fpr
 from .thresholds import (TIES, Bound, ThresholdAudit, split_trials, threshold_holdout_audit,
@@ -97,4 +99,7 @@ __all__ = [
     "PAPER_BOOTSTRAPS",
     "paper_rule_bootstrap",
     "eps_lb_resplits",
+    "profile_violation",
+    "profile_audit",
+    "ProfileAudit",
 ]

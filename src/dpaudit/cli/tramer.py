@@ -87,7 +87,7 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
         raise SpecError(f"--label={label}: must be a class index in 0..{len(classes) - 1}")
     if len(set(train)) != len(train):
         raise SpecError(f"--train {train}: each implementation at most once")
-    plans = []
+    plans, claims = [], {}
     for target in train:
         try:
             fn = subjects.load_train_fn(target)
@@ -112,10 +112,18 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
                 raise SpecError(f"--spec for {target!r}: {exc}") from exc
             print(f"audit-impl: {target}: noise multiplier {sigma:.4g} calibrated to "
                   f"({eps:g}, {delta:g})-DP", file=sys.stderr)
+        try:
+            claims[target] = subjects.claimed_dpsgd(target_spec, eps, delta, n_train)
+        except ValueError as exc:
+            raise SpecError(f"--spec for {target!r}: {exc}") from exc
+        print(f"audit-impl: {target}: " + (
+            "no profile test: the spec names neither q and steps nor batch_size and epochs"
+            if claims[target] is None else "profile test against correct DP-SGD at noise "
+            "multiplier {:.4g}, q = {:g}, T = {}".format(*claims[target])), file=sys.stderr)
         plans.append((target, fn, target_spec))
     return {"eps": eps, "delta": delta, "alpha": alpha, "min_runs": need, "classes": classes,
-            "plans": plans, "runs": runs, "val_runs": val_runs, "n_train": n_train,
-            "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
+            "plans": plans, "claims": claims, "runs": runs, "val_runs": val_runs,
+            "n_train": n_train, "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
             "max_diverged": max_diverged, "mode": mode, "n_aux": n_aux}
 
 
@@ -174,6 +182,8 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
         # Trained beside it where both are registry subjects (subjects.train_columns).
         together = {t: kept[t] for t, _, s in plan["plans"] if t != target and t in kept
                     and s == spec and mode == "black-box"}
+        claim = plan["claims"][target]
+        profile = None if claim is None else tramer.claimed_profile(*claim)
         init = None
         if aux is not None:
             model = subjects.model_spec(spec, X.shape[1], len(plan["classes"]))
@@ -186,7 +196,8 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
                 progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr),
                 test=test, store=where, key=key, together=together,
                 seed_check=plan["seed_check"], max_diverged=plan["max_diverged"], mode=mode,
-                init=init, refuse_at_chance=fn not in subjects.SUBJECTS.values())
+                init=init, refuse_at_chance=fn not in subjects.SUBJECTS.values(),
+                profile=profile)
         except tramer.Unauditable as exc:
             raise SpecError(f"--train {target}: cannot be audited, no result written: "
                             f"{exc}") from exc
@@ -195,8 +206,12 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
         accuracy = (f"test accuracy {row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
                     f"{row['test_acc_max']:.3f})" if "test_acc_mean" in row
                     else "no test accuracy (white-box runs return no model)")
+        tested = (f"; profile test: delta_LB {row['delta_lb']:.4g} against the claimed "
+                  f"{row['delta_claim_at_eps_star']:.4g} at eps {row['eps_star']:.2f}, "
+                  f"{'violated' if row['profile_violated'] else 'not violated'}"
+                  if profile is not None else "")
         print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
-              f"{row['eps_lb']:.3f} (claimed {plan['eps']:g}): {row['verdict']}; "
+              f"{row['eps_lb']:.3f} (claimed eps {plan['eps']:g}){tested}: {row['verdict']}; "
               f"{row['usable_runs']} of {row['total_runs']} runs usable "
               f"({row['diverged_runs']} diverged, counted as out); {checked}; {accuracy}",
               file=sys.stderr)
@@ -249,7 +264,8 @@ def _tramer_audit(args) -> None:
             raise SpecError(f"tramer.user.spec={claim['spec']!r}: must be a JSON object")
     plan = _check(train, claim["eps"], claim["delta"], sec["alpha"], claim["runs"],
                   claim["val_runs"], sec["n_train"], sec["batch_runs"], sec["classes"], None,
-                  spec, args.device, claim.get("seed_check"), claim.get("max_diverged", 0.0))
+                  spec, args.device, claim.get("seed_check"), claim.get("max_diverged", 0.0),
+                  claim.get("mode", "black-box"), claim.get("n_aux", 500))
     provenance = {"command": "tramer-audit", "target": args.target, "spec": sec, "data": data,
                   "seed": args.seed}
     _run(plan, claim["canary"], data["root"], data["download"], args.seed, args.out,
@@ -313,8 +329,8 @@ def _plot(args) -> None:
 
 #: ``--store`` of ``audit-impl`` and ``tramer-audit``.
 STORE_HELP = ("folder that keeps every finished batch of runs of the registry subjects (buggy, "
-              "fixed, half-steps), so that a rerun trains only what it lacks; the subjects of "
-              "one spec train as columns of the same calls")
+              "fixed, half-steps, half-noise), so that a rerun trains only what it lacks; the "
+              "subjects of one spec train as columns of the same calls")
 
 
 def register(subparsers) -> None:
@@ -323,10 +339,11 @@ def register(subparsers) -> None:
         description="Train TARGET on Fashion-MNIST with and without a canary, RUNS times per "
                     "side (plus VAL_RUNS per side to pick the label and threshold), and test "
                     "the claimed (eps, delta) with Clopper-Pearson at confidence 1 - ALPHA and "
-                    "the GDP test (Tramer et al. 2022).")
+                    "the GDP test (Tramer et al. 2022); where the spec names q and steps (or "
+                    "batch_size and epochs), also the claimed DP-SGD privacy profile.")
     p.add_argument("--train", action="extend", nargs="+", required=True, metavar="TARGET",
-                   help="'buggy', 'fixed', 'half-steps' or 'module.path:function' (several: one "
-                        "table row each)")
+                   help="'buggy', 'fixed', 'half-steps', 'half-noise' or 'module.path:function' "
+                        "(several: one table row each)")
     p.add_argument("--eps", required=True, help="claimed epsilon")
     p.add_argument("--delta", required=True, help="claimed delta")
     p.add_argument("--canary", choices=["checkerboard", "clipbkd"], default="checkerboard")

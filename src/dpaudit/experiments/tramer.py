@@ -33,6 +33,17 @@ The verdict "violates its claimed guarantee" is given when ``eps_LB`` exceeds th
 claimed eps: then, unless an event of probability at most ``alpha`` occurred, the
 implementation is not (eps, delta)-DP.
 
+Where the spec says the sample rate and steps (:func:`dpaudit.subjects.claimed_dpsgd`),
+the same runs also test the claimed *privacy profile* (:func:`claimed_profile`,
+:func:`dpaudit.bounds.profile_audit`): an implementation that claims (eps, delta) with the
+noise its accountant calibrates for (q, T) claims to be as private as correct DP-SGD at
+that noise, at every e at once. Its own threshold is chosen on the validation runs; where
+it refutes that (and the eps test does not) the verdict is "violates the claimed DP-SGD
+privacy profile": certified at 1 - alpha too, but a statement about the profile, not about
+the point (eps, delta). Each test errs with probability at most ``alpha``, so an
+implementation as private as claimed is flagged by either with probability at most
+``2 alpha``.
+
 Training functions follow the contract of :mod:`dpaudit.subjects`:
 ``train(X, y, seeds, spec) -> predict``, ``predict(x) -> logits (len(seeds), m, C)``.
 
@@ -61,6 +72,7 @@ assumes the Gaussian trade-off curve (an estimate).
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Sequence
 
@@ -69,7 +81,7 @@ import pandas as pd
 import torch
 from scipy import optimize
 
-from .. import bounds, canaries, dpsgd, seeds, subjects, trials
+from .. import accounting, bounds, canaries, dpsgd, seeds, subjects, trials
 from ..trials import Side, run as run_trials
 from ..canaries import Canary
 
@@ -77,7 +89,12 @@ from ..canaries import Canary
 #: with probability at least 1 - 1e-10.
 ALPHA = 1e-10
 VIOLATES = "violates its claimed guarantee"
+#: The verdict where only the profile test fired (:func:`dpaudit.bounds.profile_audit`).
+VIOLATES_PROFILE = "violates the claimed DP-SGD privacy profile"
 NO_VIOLATION = "no violation detected"
+#: The grid of e on which the profile test compares the claimed profile: beyond e = 20 no
+#: count of at most 10^7 runs per side could show a delta above 0 (FPR_hi e^e > 1).
+PROFILE_GRID = np.linspace(0.0, 20.0, 2001)
 
 #: Keys of the ``tramer`` config section each audit depends on (``dpaudit tramer-audit
 #: --target``): the rule passes only these, so editing one audit never reruns the other.
@@ -303,6 +320,51 @@ def mu_claimed(eps: float, delta: float) -> float:
     return float(optimize.brentq(f, 1e-12, hi, xtol=1e-14, rtol=1e-12))
 
 
+@dataclass(frozen=True)
+class ClaimedProfile:
+    """The privacy profile an implementation claims with (eps, delta) in its setting: that
+    of correct DP-SGD, T = ``steps`` Poisson-subsampled Gaussian steps at rate ``q`` with
+    the noise multiplier ``sigma`` its accountant calibrates, ``deltas`` on ``epsilons``
+    (add/remove, :func:`dpaudit.accounting.privacy_profile`: an upper bound)."""
+
+    sigma: float
+    q: float
+    steps: int
+    epsilons: np.ndarray
+    deltas: np.ndarray
+
+
+def claimed_profile(sigma: float, q: float, steps: int) -> ClaimedProfile:
+    """The :class:`ClaimedProfile` of correct DP-SGD at noise multiplier ``sigma``, sample
+    rate ``q`` and ``steps`` steps, on :data:`PROFILE_GRID`."""
+    return ClaimedProfile(float(sigma), float(q), int(steps), PROFILE_GRID,
+                          accounting.privacy_profile(sigma, q, int(steps), PROFILE_GRID))
+
+
+def verdict(eps_lb: float, claimed_eps: float, profile_violated: bool = False) -> str:
+    """The verdict, naming the test that fired: the eps test (``eps_lb`` above the claimed
+    eps) before the profile test, which refutes less."""
+    if eps_lb > claimed_eps:
+        return VIOLATES
+    return VIOLATES_PROFILE if profile_violated else NO_VIOLATION
+
+
+def profile_columns(val_in, val_out, eval_in, eval_out, profile: ClaimedProfile,
+                    alpha: float = ALPHA) -> dict:
+    """The profile test (:func:`dpaudit.bounds.profile_audit`; "in" iff score > threshold)
+    as row columns: ``profile_violated``, the violation V, ``delta_lb`` and
+    ``delta_claim_at_eps_star`` at ``eps_star``, its threshold and evaluation rates, and the
+    claimed DP-SGD it tests against (``profile_sigma``, ``profile_q``, ``profile_steps``)."""
+    res = bounds.profile_audit(val_in, val_out, eval_in, eval_out, profile.epsilons,
+                               profile.deltas, alpha)
+    return {"profile_violated": res.violated, "profile_violation": res.violation,
+            "eps_star": res.eps_star, "delta_lb": res.delta_lb,
+            "delta_claim_at_eps_star": res.delta_claim, "profile_threshold": res.threshold,
+            "profile_tpr": res.ct_pos / res.n_pos, "profile_fpr": res.ct_neg / res.n_neg,
+            "profile_sigma": profile.sigma, "profile_q": profile.q,
+            "profile_steps": profile.steps}
+
+
 def audit_counts(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, claimed_eps: float,
                  delta: float, alpha: float = ALPHA) -> dict:
     """eps_LB (Clopper-Pearson), mu_LB (GDP) and the verdict from evaluation counts; the
@@ -315,11 +377,11 @@ def audit_counts(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, claimed_eps: 
             "eps_lb_katz": bounds.eps_lb_katz(*counts),
             "eps_lb_bayes": bounds.eps_lb_bayes(*counts),
             "mu_claimed": mu_claimed(claimed_eps, delta),
-            "verdict": VIOLATES if eps_lb > claimed_eps else NO_VIOLATION}
+            "verdict": verdict(eps_lb, claimed_eps)}
 
 
 def audit_scores(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: float,
-                 alpha: float = ALPHA) -> dict:
+                 alpha: float = ALPHA, profile: ClaimedProfile | None = None) -> dict:
     """The attack "in iff score > tau" (higher = with the canary): tau chosen on the
     validation scores, counts and bounds on the evaluation scores
     (:func:`dpaudit.bounds.threshold_holdout_audit`, ``pos`` = with the canary, ``neg`` =
@@ -330,27 +392,39 @@ def audit_scores(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: 
     (e.g. all zero, as for a correct implementation) go to the largest ``TPR - FPR``, and
     tau lies midway between two validation scores, a margin on both sides for the
     evaluation runs.  NaN scores are refused; a score of -inf is "out".
+
+    With ``profile``, the same runs also test the claimed privacy profile
+    (:func:`profile_columns`, its own threshold chosen the same way for its own statistic),
+    and the verdict names the test that fired (:func:`verdict`).
     """
     scores_in, scores_out = np.asarray(eval_in, float), np.asarray(eval_out, float)
+    val_in, val_out = np.asarray(val_in, float), np.asarray(val_out, float)
     res = bounds.threshold_holdout_audit(
-        np.asarray(val_in, float), np.asarray(val_out, float), scores_in, scores_out,
+        val_in, val_out, scores_in, scores_out,
         partial(bounds.eps_lb_clopper_pearson, delta=delta), alpha, ties="youden")
-    return {"tpr": res.ct_pos / res.n_pos, "fpr": res.ct_neg / res.n_neg,
-            "threshold": res.threshold, "ct_pos": res.ct_pos, "ct_neg": res.ct_neg,
-            "tpr_at_fpr_0_1pct": bounds.tpr_at_fpr(scores_in, scores_out, 0.001),
-            "tpr_at_fpr_1pct": bounds.tpr_at_fpr(scores_in, scores_out, 0.01),
-            "auc": bounds.auc(scores_in, scores_out),
-            **audit_counts(res.ct_pos, res.n_pos, res.ct_neg, res.n_neg, claimed_eps, delta,
-                           alpha)}
+    row = {"tpr": res.ct_pos / res.n_pos, "fpr": res.ct_neg / res.n_neg,
+           "threshold": res.threshold, "ct_pos": res.ct_pos, "ct_neg": res.ct_neg,
+           "tpr_at_fpr_0_1pct": bounds.tpr_at_fpr(scores_in, scores_out, 0.001),
+           "tpr_at_fpr_1pct": bounds.tpr_at_fpr(scores_in, scores_out, 0.01),
+           "auc": bounds.auc(scores_in, scores_out),
+           **audit_counts(res.ct_pos, res.n_pos, res.ct_neg, res.n_neg, claimed_eps, delta,
+                          alpha)}
+    if profile is not None:
+        row.update(profile_columns(val_in, val_out, scores_in, scores_out, profile, alpha))
+        row["verdict"] = verdict(row["eps_lb"], claimed_eps, row["profile_violated"])
+    return row
 
 
 def audit_losses(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: float,
-                 alpha: float = ALPHA) -> dict:
+                 alpha: float = ALPHA, profile: ClaimedProfile | None = None) -> dict:
     """The attack "in iff loss < tau": :func:`audit_scores` of the scores ``-loss``, with
-    tau a loss. An infinite loss (a diverged run) is "out"."""
+    tau a loss (and the profile test's threshold too). An infinite loss (a diverged run) is
+    "out"."""
     out = audit_scores(*(-np.asarray(v, float) for v in (val_in, val_out, eval_in, eval_out)),
-                       claimed_eps, delta, alpha)
-    out["threshold"] = -out["threshold"]
+                       claimed_eps, delta, alpha, profile)
+    for key in ("threshold", "profile_threshold"):
+        if key in out:
+            out[key] = -out[key]
     return out
 
 
@@ -390,7 +464,7 @@ RUN_KEY = ("implementation", "split", "canary_in", "run", "seed")
 
 
 def audit_loss_table(losses: pd.DataFrame, claimed_eps: float, delta: float,
-                     alpha: float = ALPHA) -> dict:
+                     alpha: float = ALPHA, profile: ClaimedProfile | None = None) -> dict:
     """:func:`audit_losses` of one implementation's per-run losses (columns ``split``,
     ``canary_in``, ``loss``: the layout :func:`audit_implementation` returns)."""
     groups = {key: grp.loss.to_numpy(float)
@@ -400,7 +474,7 @@ def audit_loss_table(losses: pd.DataFrame, claimed_eps: float, delta: float,
         raise ValueError(f"losses: no runs of (split, canary_in) {missing}")
     return audit_losses(groups[("validation", True)], groups[("validation", False)],
                         groups[("evaluation", True)], groups[("evaluation", False)],
-                        claimed_eps, delta, alpha)
+                        claimed_eps, delta, alpha, profile)
 
 
 def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Canary,
@@ -411,7 +485,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                          key: dict | None = None, together: dict | None = None,
                          seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
                          mode: str = "black-box", init: dpsgd.Params | None = None,
-                         refuse_at_chance: bool = True) -> tuple[dict, pd.DataFrame]:
+                         refuse_at_chance: bool = True, profile: ClaimedProfile | None = None
+                         ) -> tuple[dict, pd.DataFrame]:
     """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
 
     ``val_runs`` runs per side choose the canary label (if not given: least likely under
@@ -447,8 +522,12 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     parameters, e.g. :func:`pretrained_init`) to every call of ``train_fn``;
     ``white-box`` is :func:`audit_whitebox` (``canary`` and ``test`` unused). A tight
     mode's row adds ``mode``, ``method``, ``threat_model``, ``relation``, ``eps_th`` (the
-    claimed eps, of add/remove neighbours) and ``certified``; the default's row is as it
-    was. ``together`` is for the default mode only.
+    claimed eps, of add/remove neighbours) and ``certified``. ``together`` is for the
+    default mode only.
+
+    ``profile`` (:func:`claimed_profile`, from the spec; every mode inserts the canary, so
+    add/remove neighbours): the same runs also test the claimed DP-SGD privacy profile
+    (:func:`profile_columns`), and the verdict names the test that fired.
     """
     if runs < 1 or val_runs < 1:
         raise ValueError("runs and val_runs must be >= 1")
@@ -462,7 +541,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     if mode == "white-box":
         return audit_whitebox(train_fn, X, y, claimed_eps, delta, runs, val_runs, spec, seed,
                               alpha, batch_runs, progress, store, key, seed_check,
-                              max_diverged)
+                              max_diverged, profile)
     extra = None if init is None else {"init": init}
     label = canary.label
     if seed_check:  # before any run: a function that ignores its seeds fails in seconds
@@ -530,7 +609,7 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
            "alpha": alpha, "canary": canary.kind, "canary_label": label, "seed": seed,
            "total_runs": len(losses), "usable_runs": len(losses) - diverged,
            "diverged_runs": diverged, "seed_check": seed_check,
-           **audit_loss_table(losses, claimed_eps, delta, alpha)}
+           **audit_loss_table(losses, claimed_eps, delta, alpha, profile)}
     if mode != "black-box":
         from .tight.blackbox import THREAT_MODEL
 
@@ -574,8 +653,8 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
                    delta: float, runs: int, val_runs: int, spec: dict, seed: int,
                    alpha: float = ALPHA, batch_runs: int = 1000,
                    progress: Progress | None = None, store=None, key: dict | None = None,
-                   seed_check: int = SEED_CHECK, max_diverged: float = 0.0
-                   ) -> tuple[dict, pd.DataFrame]:
+                   seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
+                   profile: ClaimedProfile | None = None) -> tuple[dict, pd.DataFrame]:
     """The white-box mode (module docstring): ``train_fn(X, y, seeds, spec,
     canaries=GradientCanaries(g, included))`` with one Dirac canary g of norm ``spec["clip"]``
     (:func:`dpaudit.experiments.tight.whitebox.canary`, in the layout of the model of
@@ -586,7 +665,7 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
     (:class:`Unauditable`) what breaks the contract, runs that do not follow their seeds
     (``seed_check`` of them trained twice, the second time in reverse order, must give the
     same scores, and different seeds different ones) and more than ``max_diverged`` runs
-    with a non-finite score."""
+    with a non-finite score. ``profile``: as in :func:`audit_implementation`."""
     from .tight.whitebox import METHODS, canary as dirac_canary
 
     if runs < 1 or val_runs < 1:
@@ -647,7 +726,7 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
            "diverged_runs": diverged, "seed_check": seed_check,
            **audit_scores(groups[("validation", True)], groups[("validation", False)],
                           groups[("evaluation", True)], groups[("evaluation", False)],
-                          claimed_eps, delta, alpha),
+                          claimed_eps, delta, alpha, profile),
            **_tight_columns("white-box", method, METHODS[method], claimed_eps)}
     return row, table
 
@@ -662,7 +741,9 @@ def reaudit(table: pd.DataFrame, losses: pd.DataFrame, accuracy: pd.DataFrame | 
     ``accuracy`` may hold fewer runs than ``losses`` (e.g. some of them re-trained), but
     each of its runs must be one of ``losses`` (same implementation, split, side, run
     number and seed); a ValueError says which is not.  Columns of ``table`` that the
-    losses do not determine (claim, canary, label, seed) are kept.
+    losses do not determine (claim, canary, label, seed) are kept; the profile test is
+    recomputed where the table has it (its ``profile_sigma``, ``profile_q``,
+    ``profile_steps``).
     """
     acc = losses if accuracy is None else accuracy
     if "test_acc" not in acc:
@@ -688,7 +769,11 @@ def reaudit(table: pd.DataFrame, losses: pd.DataFrame, accuracy: pd.DataFrame | 
             raise ValueError(f"losses of {impl!r}: runs per (split, canary_in) {counts}, but "
                              f"the table says {row['runs']} evaluation and {row['val_runs']} "
                              "validation runs per side")
-        row.update(audit_loss_table(mine, row["claimed_eps"], row["delta"], row["alpha"]))
+        # A table with the profile test names the claimed DP-SGD it was tested against.
+        profile = (claimed_profile(row["profile_sigma"], row["profile_q"], row["profile_steps"])
+                   if pd.notna(row.get("profile_sigma")) else None)
+        row.update(audit_loss_table(mine, row["claimed_eps"], row["delta"], row["alpha"],
+                                    profile))
         row.update(accuracy_columns(acc.test_acc[acc.implementation == impl], source))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -713,10 +798,11 @@ def compare_retrained(losses: pd.DataFrame, retrained: pd.DataFrame) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-__all__ = ["ALPHA", "VIOLATES", "NO_VIOLATION", "SPEC_KEYS", "GROUPS", "OWN_RUNS",
-           "REAUDIT_COLUMNS", "RUN_KEY", "SEED_CHECK", "CONTRACT", "MODES", "MODE_KEYWORDS",
-           "RELATION", "Unauditable", "run_seeds", "trainer_digest", "check_mode",
-           "pretrained_init", "train_runs",
-           "check_options", "check_seeds", "accuracy_columns", "mu_claimed", "audit_counts",
-           "audit_scores", "audit_losses", "audit_loss_table", "max_eps_lb", "min_runs",
-           "audit_implementation", "audit_whitebox", "reaudit", "compare_retrained"]
+__all__ = ["ALPHA", "VIOLATES", "VIOLATES_PROFILE", "NO_VIOLATION", "PROFILE_GRID",
+           "SPEC_KEYS", "GROUPS", "OWN_RUNS", "REAUDIT_COLUMNS", "RUN_KEY", "SEED_CHECK",
+           "CONTRACT", "MODES", "MODE_KEYWORDS", "RELATION", "Unauditable", "ClaimedProfile",
+           "run_seeds", "trainer_digest", "check_mode", "pretrained_init", "train_runs",
+           "check_options", "check_seeds", "accuracy_columns", "mu_claimed", "claimed_profile",
+           "verdict", "profile_columns", "audit_counts", "audit_scores", "audit_losses",
+           "audit_loss_table", "max_eps_lb", "min_runs", "audit_implementation",
+           "audit_whitebox", "reaudit", "compare_retrained"]

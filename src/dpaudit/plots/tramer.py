@@ -1,4 +1,5 @@
-"""Figure: canary-loss histograms with and without the canary, one panel per implementation."""
+"""Figure: canary-loss histograms with and without the canary, one panel per implementation
+(white-box audits: histograms of the runs' scores)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ AUDIT_COLUMNS = ("implementation", "claimed_eps", "delta", "alpha", "runs", "tpr
                  "threshold", "eps_lb", "mu_lb", "verdict")
 #: The columns of the per-run losses (tramer-audit --losses) that :func:`loss_histogram` reads.
 LOSS_COLUMNS = ("implementation", "split", "canary_in", "loss")
+#: The per-run columns of a white-box audit (audit-impl --mode white-box): a score per run.
+SCORE_COLUMNS = ("implementation", "split", "canary_in", "score")
 #: The columns of a :func:`loss_histogram` table (tramer-reaudit --hist).
 HIST_COLUMNS = ("implementation", "canary_in", "lo", "hi", "count")
 
@@ -43,6 +46,24 @@ def loss_histogram(losses: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def score_histogram(scores: pd.DataFrame) -> pd.DataFrame:
+    """:func:`loss_histogram` of a white-box audit's per-run ``score`` (higher: "in"), in
+    :data:`BINS` equal bins over the evaluation runs' finite scores; infinite scores count
+    in the end bins."""
+    runs = scores[scores.split == "evaluation"]
+    finite = runs.score.to_numpy(float)
+    finite = finite[np.isfinite(finite)]
+    lo, hi = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    edges = np.linspace(lo, hi if hi > lo else lo + 1.0, BINS + 1)
+    parts = []
+    for (impl, canary_in), grp in runs.groupby(["implementation", "canary_in"], sort=False):
+        count, _ = np.histogram(np.clip(grp.score.to_numpy(float), edges[0], edges[-1]),
+                                bins=edges)
+        parts.append(pd.DataFrame({"implementation": impl, "canary_in": canary_in,
+                                   "lo": edges[:-1], "hi": edges[1:], "count": count}))
+    return pd.concat(parts, ignore_index=True)
+
+
 def accuracy_line(row) -> str:
     """The title line of the models' test accuracy (empty for tables without it)."""
     if not hasattr(row, "test_acc_mean") or pd.isna(row.test_acc_mean):
@@ -59,13 +80,21 @@ def plot_canary_losses(table: str | os.PathLike, out: str | os.PathLike, *,
     without the canary, side by side per implementation (the audit table's order), with
     the threshold chosen on the validation runs (the attack says "in" at or below it) and
     the models' test accuracy in each title.  From the per-run ``losses`` table or from
-    its :func:`loss_histogram` table ``hist`` (exactly one)."""
+    its :func:`loss_histogram` table ``hist`` (exactly one). A white-box audit's per-run
+    table holds scores (:data:`SCORE_COLUMNS`; "in" above the threshold), drawn on a
+    linear axis."""
     if (losses is None) == (hist is None):
         raise ValueError("plot_canary_losses: give exactly one of losses and hist")
     audit, _ = read_table(table, columns=AUDIT_COLUMNS, what="tramer-audit")
-    counts = (loss_histogram(read_table(losses, columns=LOSS_COLUMNS,
-                                        what="tramer-audit --losses")[0]) if hist is None
-              else read_table(hist, columns=HIST_COLUMNS, what="tramer-reaudit --hist")[0])
+    scored = False
+    if hist is None:
+        runs, _ = read_table(losses, columns=LOSS_COLUMNS[:3], what="tramer-audit --losses")
+        scored = "score" in runs and "loss" not in runs
+        if not scored:  # a table with neither column is refused naming "loss"
+            read_table(losses, columns=LOSS_COLUMNS, what="tramer-audit --losses")
+        counts = score_histogram(runs) if scored else loss_histogram(runs)
+    else:
+        counts = read_table(hist, columns=HIST_COLUMNS, what="tramer-reaudit --hist")[0]
     edges = np.append(np.sort(counts.lo.unique()), counts.hi.max())
     fig, axes = figure(1, len(audit), squeeze=False, sharey=True)
     for ax, row in zip(axes[0], audit.itertuples()):
@@ -78,11 +107,15 @@ def plot_canary_losses(table: str | os.PathLike, out: str | os.PathLike, *,
             ax.hist(side.lo, bins=edges, weights=side["count"], histtype="step", color=color,
                     label=f"{label} ({'TPR' if canary_in else 'FPR'} {rate:.3g})")
         if np.isfinite(row.threshold):
-            ax.axvline(max(row.threshold, FLOOR), color=COLORS["analytic"], ls="--", lw=1.2,
+            ax.axvline(row.threshold if scored else max(row.threshold, FLOOR),
+                       color=COLORS["analytic"], ls="--", lw=1.2,
                        label=rf"threshold $\tau$ = {row.threshold:.3g}")
-        ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel(f"canary loss (< {FLOOR:g} drawn at {FLOOR:g})")
+        if scored:
+            ax.set_xlabel("white-box score (log-likelihood ratio; 'in' above the threshold)")
+        else:
+            ax.set_xscale("log")
+            ax.set_xlabel(f"canary loss (< {FLOOR:g} drawn at {FLOOR:g})")
         ax.set_title(f"{row.implementation}\nclaimed ($\\varepsilon$, $\\delta$) = "
                      f"({row.claimed_eps:g}, {row.delta:g}); at confidence 1 - {row.alpha:g}:\n"
                      f"$\\varepsilon_{{LB}}$ = {row.eps_lb:.3g}, $\\mu_{{LB}}$ = "
