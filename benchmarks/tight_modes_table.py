@@ -23,11 +23,13 @@ import argparse
 import json
 import logging
 import time
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from dpaudit import subjects
+from dpaudit import bounds, subjects
 from dpaudit.cli import main as cli
 from dpaudit.experiments import tramer
 from dpaudit.io import read_table
@@ -38,11 +40,11 @@ N_TRAIN, DELTA = 500, 1e-5
 #: (implementations, largest runs per side by mode, n audited): buggy where it is
 #: flagged, the others up to 5000 runs per side (half-steps: 1000 in the black-box modes,
 #: which see nothing of it).
-PLANS = [(["buggy"], dict.fromkeys(tramer.MODES, 200), list(range(10, 201, 5))),
+PLANS = [(["buggy"], dict.fromkeys(tramer.MODES, 200), [*range(2, 50), *range(50, 201, 5)]),
          (["half-noise", "fixed"], dict.fromkeys(tramer.MODES, 5000),
           [200, 500, 1000, 2000, 5000]),
          (["half-steps"], {"black-box": 1000, "worst-case-init": 1000, "white-box": 5000},
-          [200, 1000, 5000])]
+          [200, 1000, 2000, 5000])]
 #: At the claim 0.21 the black-box modes train at most 2000 runs per side: there no test
 #: sees half-noise (the profile test would need about 10^4 even with the white box).
 SMALLER = {(0.21, "black-box"): 2000, (0.21, "worst-case-init"): 2000}
@@ -85,27 +87,68 @@ def audit(losses: pd.DataFrame, claim: float, n: int, alpha: float,
     return (tramer.audit_scores if column == "score" else tramer.audit_losses)(*args)
 
 
+def plug_in_violation(ct_pos, n_pos, ct_neg, n_neg, alpha, epsilons, deltas):
+    """V of the rates themselves, no confidence bounds (``alpha`` unused): the selection
+    rule :func:`compare_selection` sets against the audit's."""
+    p1, p0 = np.asarray(ct_pos) / n_pos, np.asarray(ct_neg) / n_neg
+    grow = np.exp(epsilons)
+    lb = np.maximum(p1[:, None] - grow * p0[:, None], (1 - p0)[:, None] - grow * (1 - p1)[:, None])
+    return (lb - deltas).max(1)
+
+
+def compare_selection(df: pd.DataFrame, out_dir: Path, profiles: dict) -> str:
+    """The profile test's V with its threshold chosen on the validation runs by the plug-in
+    V instead of the audit's (the Clopper-Pearson V at its alpha), on every audit of
+    ``df`` but buggy's: how often it is larger, equal, smaller, and the flags it changes."""
+    counts = dict.fromkeys(("larger", "equal", "smaller"), 0)
+    changed = []
+    for row in df[df.implementation != "buggy"].itertuples():
+        name = "both" if row.mode == "black-box" and row.implementation != "half-steps" \
+            else row.implementation
+        path = next(out_dir.glob(f"c{row.claim:g}_{name}_{row.mode}_*_losses.csv"))
+        losses, _ = read_table(path)
+        first = losses[(losses.implementation == row.implementation) & (losses.run < row.runs)]
+        sign, column = (1, "score") if "score" in first else (-1, "loss")
+        g = {k: sign * v[column].to_numpy(float) for k, v in first.groupby(["split", "canary_in"])}
+        prof = profiles[row.claim]
+        res = bounds.threshold_holdout_audit(
+            g[("validation", True)], g[("validation", False)], g[("evaluation", True)],
+            g[("evaluation", False)], partial(plug_in_violation, epsilons=prof.epsilons,
+                                             deltas=prof.deltas), 0.5, ties="youden")
+        v = bounds.profile_violation(res.ct_pos, res.n_pos, res.ct_neg, res.n_neg, row.alpha,
+                                     prof.epsilons, prof.deltas)
+        d = v - row.profile_violation
+        counts["larger" if d > 1e-12 else "smaller" if d < -1e-12 else "equal"] += 1
+        if (v > 0) != row.profile_violated:
+            changed.append(f"{row.implementation} {row.mode} claim {row.claim:g} {row.runs} "
+                           f"runs alpha {row.alpha:g}: V {row.profile_violation:+.3f} -> {v:+.3f}")
+    return f"plug-in selection: {counts}\n" + "\n".join(changed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True)
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--claims", type=float, nargs="+", default=[0.21, 2.0])
     parser.add_argument("--alphas", type=float, nargs="+", default=[1e-10, 0.05])
+    parser.add_argument("--compare-selection", action="store_true",
+                        help="also choose the profile test's threshold by the plug-in V")
     args = parser.parse_args()
     logging.getLogger("absl").setLevel(logging.ERROR)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, profiles = [], {}
     for claim in args.claims:
         spec = {**SPEC, "eps": claim, "delta": DELTA, "n": N_TRAIN}
         profile = tramer.claimed_profile(*subjects.claimed_dpsgd(spec, claim, DELTA, N_TRAIN))
+        profiles[claim] = profile
         for targets, largest, grid in PLANS:
             for mode in tramer.MODES:
                 runs = min(largest[mode], SMALLER.get((claim, mode), largest[mode]))
-                grid = [n for n in grid if n <= runs]
+                audited = [n for n in grid if n <= runs]
                 for name, these in calls(targets, mode):
                     path = train(args.out_dir, claim, name, these, runs, mode, args.data_root)
                     for impl, losses in read_table(path)[0].groupby("implementation"):
-                        for n in grid:
+                        for n in audited:
                             for alpha in args.alphas:
                                 rows.append({"claim": claim, "implementation": impl,
                                              "mode": mode, "runs": n, "alpha": alpha,
@@ -113,6 +156,8 @@ def main() -> None:
     df = pd.DataFrame(rows)
     df.to_csv(args.out_dir / "table.csv", index=False)
     print(markdown(df))
+    if args.compare_selection:
+        print(compare_selection(df, args.out_dir, profiles))
 
 
 def _cell(row) -> str:

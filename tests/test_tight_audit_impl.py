@@ -285,7 +285,7 @@ def test_the_cli_names_the_test_that_flagged(tmp_path, monkeypatch, capsys):
     assert re.search(r"eps_LB 1\.\d+ \(claimed eps 4\); profile test: delta_LB 0\.\d+ against "
                      r"the claimed 0\.\d+ at eps \d\.\d\d, violated: violates the claimed "
                      r"DP-SGD privacy profile;", err), err
-    (tmp_path / "mine_profile.py").write_text(textwrap.dedent('''
+    (tmp_path / "no_q_or_steps.py").write_text(textwrap.dedent('''
         from dpaudit import subjects
 
         def train(X, y, seeds, spec, canaries=None):
@@ -295,10 +295,10 @@ def test_the_cli_names_the_test_that_flagged(tmp_path, monkeypatch, capsys):
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "b.csv"
-    assert main(argv + ["--train", "mine_profile:train", "--spec", '{"lr": 0.5, "clip": 1.0, '
+    assert main(argv + ["--train", "no_q_or_steps:train", "--spec", '{"lr": 0.5, "clip": 1.0, '
                         '"device": "cpu"}', "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "mine_profile:train: no profile test: the spec names neither q and steps nor " \
+    assert "no_q_or_steps:train: no profile test: the spec names neither q and steps nor " \
            "batch_size and epochs" in err and "; profile test:" not in err
     from dpaudit.io import read_table
 

@@ -250,7 +250,7 @@ def privacy_profile(sigma: float, sample_rate: float, steps: int, epsilons) -> n
     counted as infinite loss (pessimistic), so every value is an upper bound on the exact
     profile (within about 1e-15 and the discretization's rounding above it).
     """
-    _check_sgd(sigma, sample_rate, steps, 0.5)
+    _check_sgd(sigma, sample_rate, steps, 0.5)  # a profile has no delta of its own
     if not sigma > 0 or steps < 1:
         raise ValueError(f"sigma={sigma!r}, steps={steps!r}: need sigma > 0 and steps >= 1")
     eps = np.asarray(epsilons, dtype=float)

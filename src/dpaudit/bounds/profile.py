@@ -3,7 +3,7 @@ at every epsilon at once?
 
 A DP-SGD implementation claims more than one (eps, delta) point. Run with the noise
 multiplier its accountant calibrated, correct DP-SGD is (e, delta_claim(e))-DP for *every*
-e, delta_claim its privacy profile (for the add/remove relation:
+e, delta_claim its privacy profile (Balle, Barthe and Gaboardi 2018; add/remove:
 :func:`dpaudit.accounting.privacy_profile`). So a run of evaluation trials refutes the
 claim wherever a certified lower bound on the mechanism's delta at some e exceeds
 delta_claim(e). With the one-sided Clopper-Pearson bounds ``TPR_lo`` and ``FPR_hi`` at
