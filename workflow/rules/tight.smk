@@ -93,10 +93,8 @@ rule tight_table:
     input:
         whitebox="results/tight/whitebox.csv",
         blackbox="results/tight/blackbox.csv",
-        # Their rows at the tight archs x eps labels that the one-run section has: its
-        # many-model ClipBKD cells (Figure 2's FMNIST cells at onerun.init, audited as
-        # Figure 2 is) need only the FMNIST ClipBKD groups, not all of Figure 2.
-        clipbkd="results/onerun_many_model.csv",
+        # Their rows at the tight archs x eps labels that jagielski.fig2 and onerun have.
+        clipbkd="results/jagielski_fig2.csv",
         onerun="results/onerun_dpsgd.csv",
     output:
         "results/tight_audit.csv",
