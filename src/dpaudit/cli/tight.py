@@ -246,31 +246,33 @@ def _plot(args) -> None:
     plot_tight(args.table, args.out)
 
 
+def _training_args(p) -> None:
+    """The arguments both audits share: the task, the seed, the device and the output."""
+    p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
+    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
+    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("tight-whitebox-audit",
                               help="white-box multi-run audit of DP-SGD (gradient canary, "
                                    "every iterate)")
-    p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
     p.add_argument("--spec", type=spec_arg, required=True,
                    help=f"JSON with keys {', '.join(SPEC_KEYS)} (runs per side)")
     p.add_argument("--train", type=spec_arg, required=True,
                    help=f"DP-SGD set-up, JSON with keys {', '.join(TRAIN_KEYS)} (noise: "
                         f"{{eps label: noise multiplier}})")
-    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
-    p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
-    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+    _training_args(p)
     p.set_defaults(func=_audit)
 
     p = subparsers.add_parser("tight-blackbox-audit",
                               help="black-box audit of full-batch DP-SGD from worst-case "
                                    "initial parameters (final model only)")
-    p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
     p.add_argument("--spec", type=spec_arg, required=True,
                    help=f"JSON with keys {', '.join(BLACKBOX_KEYS)} (runs per side; the "
                         f"noise of each eps label is calibrated by PLD)")
-    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
-    p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
-    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+    _training_args(p)
     p.set_defaults(func=_blackbox)
 
     p = subparsers.add_parser("tight-table", help="the tight audits and the last-iterate "
