@@ -126,6 +126,35 @@ def test_audit_is_deterministic():
         assert len(np.unique(s1[init])) == 4
 
 
+def test_kept_runs_are_restored_and_a_changed_init_retrains(tmp_path, monkeypatch, capsys):
+    setting = bb.FullBatch(3, LR, 1.0, 1.0)
+    kw = dict(pretrain={"epochs": 3}, per_call=4, device="cpu")
+    drop = ("models_per_s", "pretrain_s")
+
+    def rows(**more):
+        return [{k: v for k, v in r.items() if k not in drop}
+                for r in bb.audit(TASK, MODEL, setting, 8, 3, **kw, **more)]
+
+    fresh = rows()
+    real, calls = bb.train_scores, []
+
+    def counted(*a):
+        calls.append(len(a[8]))
+        return real(*a)
+
+    monkeypatch.setattr(bb, "train_scores", counted)
+    assert rows(store=tmp_path) == fresh and calls == [4] * 4  # two calls a side, kept
+    calls.clear()
+    got = bb.audit(TASK, MODEL, setting, 8, 3, **kw, store=tmp_path, log=print)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in got] == fresh
+    assert calls == [] and math.isnan(got[0]["models_per_s"])
+    assert "16 models restored, 0 to train" in capsys.readouterr().out
+    # Another worst-case init (longer pre-training): another key, nothing reused.
+    kw["pretrain"] = {"epochs": 4}
+    rows(store=tmp_path)
+    assert calls == [4] * 4
+
+
 def test_bad_arguments_are_named():
     setting = bb.FullBatch(3, LR, 1.0, 1.0)
     with pytest.raises(ValueError, match="inits="):

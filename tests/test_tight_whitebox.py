@@ -112,6 +112,49 @@ def test_same_seed_same_rows():
                                            DELTA)["auc"]
 
 
+def test_kept_runs_resume_an_interrupted_audit_and_a_damaged_block_is_retrained(
+        tmp_path, monkeypatch, capsys):
+    X, y = _data(60)
+    model = dpsgd.ModelSpec("fnn", X.shape[1], 4)
+    cfg = dpsgd.DPSGDConfig(2, 10, 0.5, 1.0, 2.0, "poisson")
+    args = (X, y, model, cfg, 12, 7, ALPHA, DELTA)
+    fresh = whitebox.audit(*args, device="cpu", per_call=8)
+    real, calls = dpsgd.train, []
+
+    def counted(*a, fail_at=None, **k):
+        calls.append(len(a[4]))
+        if len(calls) == fail_at:
+            raise KeyboardInterrupt  # the job is stopped during its third call
+        return real(*a, **k)
+
+    def audit(fail_at=None, **kw):
+        calls.clear()
+        monkeypatch.setattr(dpsgd, "train",
+                            lambda *a, **k: counted(*a, fail_at=fail_at, **k))
+        return whitebox.audit(*args, device="cpu", per_call=8, store=tmp_path, log=print,
+                              **kw)
+
+    with pytest.raises(KeyboardInterrupt):
+        audit(fail_at=3)
+    assert audit() == fresh and calls == [8]  # the two kept calls restored, bit for bit
+    assert "16 models restored, 8 to train" in capsys.readouterr().out
+    assert audit() == fresh and calls == []
+    block = sorted(tmp_path.glob("*.csv"))[1]
+    text = block.read_text()
+    last = max(i for i, c in enumerate(text) if c in "0123456789")
+    block.write_text(text[:last] + str((int(text[last]) + 1) % 10) + text[last + 1:])
+    assert audit() == fresh and calls == [8]
+    assert f"kept block {block}: its rows do not match the content hash" in \
+        capsys.readouterr().err
+    # Another noise, another trainer: nothing kept under another key is reused.
+    other = dpsgd.DPSGDConfig(2, 10, 0.5, 1.0, 3.0, "poisson")
+    monkeypatch.setattr(whitebox, "trainer_digest", lambda: "edited trainer")
+    assert audit() == fresh and calls == [8, 8, 8]
+    key = whitebox.store_key(X, y, model, cfg, 7, device="cpu")
+    assert key["dpsgd"]["noise_multiplier"] == 2.0
+    assert whitebox.store_key(X, y, model, other, 7, device="cpu") != key
+
+
 def test_without_noise_only_the_dot_sum_row():
     X, y = _data(40)
     cfg = dpsgd.DPSGDConfig(1, 10, 0.5, 1.0, 0.0, "poisson")
@@ -181,7 +224,8 @@ def test_cli_writes_one_row_per_method(tmp_path, task_file, capsys):
     assert (df.eps_label == 2).all() and (df.relation == "add/remove").all()
     assert (df.eps_lb <= df.eps_th).all() and (df.runs == 6).all()
     # Progress during the cell's training, in models of both sides (12 here).
-    assert "dpaudit tight-whitebox-audit: lr eps 2: 12/12 models in" in capsys.readouterr().err
+    assert "dpaudit tight-whitebox-audit: lr eps 2: side in/out: 12/12 models, " \
+        in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("spec, train, match", [

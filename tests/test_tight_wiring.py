@@ -58,6 +58,12 @@ def _fig2(path: Path) -> Path:
     return path
 
 
+#: Each tight audit: its table's name and its arguments besides the common ones.
+AUDITS = {"tight-whitebox-audit": ("wb", ["--spec", json.dumps(WHITEBOX),
+                                          "--train", json.dumps(TRAIN)]),
+          "tight-blackbox-audit": ("bb", ["--spec", json.dumps(BLACKBOX)])}
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Both audits, a one-run audit, the table (with a Figure 2 table's ClipBKD rows) and
@@ -65,10 +71,9 @@ def run(tmp_path_factory):
     d = tmp_path_factory.mktemp("tight")
     task = _task(d / "task.npz")
     common = ["--task", str(task), "--seed", "2", "--device", "cpu"]
-    assert main(["tight-whitebox-audit", *common, "--spec", json.dumps(WHITEBOX),
-                 "--train", json.dumps(TRAIN), "--out", str(d / "wb.csv")]) == 0
-    assert main(["tight-blackbox-audit", *common, "--spec", json.dumps(BLACKBOX),
-                 "--out", str(d / "bb.csv")]) == 0
+    for command, (name, args) in AUDITS.items():
+        assert main([command, *common, *args, "--out", str(d / f"{name}.csv"),
+                     "--store", str(d / "trained" / name)]) == 0
     assert main(["onerun-audit", *common, "--spec", json.dumps(ONERUN), "--train",
                  json.dumps(TRAIN), "--out", str(d / "onerun.csv")]) == 0
     assert main(["tight-table", "--whitebox", str(d / "wb.csv"), "--blackbox",
@@ -128,6 +133,23 @@ def _gaussian_eps(mu: float, delta: float) -> float:
         return (stats.norm.cdf(-eps / mu + mu / 2)
                 - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta)
     return optimize.brentq(gap, 0.0, 50.0, xtol=1e-12)
+
+
+def test_a_rerun_restores_every_kept_run_and_writes_the_same_rows(run, tmp_path, capsys):
+    capsys.readouterr()
+    for command, (name, args) in AUDITS.items():
+        assert main([command, "--task", str(run / "task.npz"), "--seed", "2", "--device",
+                     "cpu", *args, "--out", str(tmp_path / f"{name}.csv"), "--store",
+                     str(run / "trained" / name)]) == 0
+        assert sorted(p.name for p in (run / "trained" / name).iterdir()) == \
+            ["lr_eps2", "lr_epsinf"]  # one folder per cell
+        err = capsys.readouterr().err
+        assert err.count(" models restored, 0 to train") == 2, err
+        again, first = (read_table(d / f"{name}.csv")[0] for d in (tmp_path, run))
+        speed = [c for c in ("models_per_s", "pretrain_s") if c in first]
+        pd.testing.assert_frame_equal(again.drop(columns=speed), first.drop(columns=speed))
+        if speed:  # nothing was trained, so no training speed
+            assert again.models_per_s.isna().all() and (first.models_per_s > 0).all()
 
 
 def test_last_iterate_row_at_full_batch_is_the_gaussian_mechanism(run):

@@ -29,6 +29,8 @@ rule tight_whitebox:
         ),
         seed=config["seed"],
         device=job_device(TIGHT["device"]),
+        # Kept batches of runs: a rerun (a timed-out cluster job) trains only the rest.
+        store="results/tight/trained/whitebox",
     threads: 2
     resources:
         # Models (both sides) x epochs, measured on 2 CPU cores with the quick config (91 s
@@ -49,6 +51,7 @@ rule tight_whitebox:
     shell:
         "logged {log} dpaudit tight-whitebox-audit --task {input} --spec {params.spec}"
         " --train {params.train} --device {params.device} --seed {params.seed} --out {output}"
+        " --store {params.store}"
 
 
 rule tight_blackbox:
@@ -66,6 +69,7 @@ rule tight_blackbox:
         ),
         seed=config["seed"],
         device=job_device(TIGHT["device"]),
+        store="results/tight/trained/blackbox",
     threads: 2
     resources:
         # Models (both sides, every init) x full-batch steps, measured as above (73 s for
@@ -87,6 +91,7 @@ rule tight_blackbox:
     shell:
         "logged {log} dpaudit tight-blackbox-audit --task {input} --spec {params.spec}"
         " --device {params.device} --seed {params.seed} --out {output}"
+        " --store {params.store}"
 
 
 rule tight_table:

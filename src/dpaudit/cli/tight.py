@@ -9,6 +9,7 @@ table in the same cells, and ``dpaudit tight-plot`` draws it."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from ..config import SpecError
@@ -84,8 +85,8 @@ def _audit(args) -> None:
             try:
                 got = whitebox.audit(task.X, task.y, model, cfg, spec["runs"], args.seed,
                                      spec["alpha"], spec["delta"], spec["select_frac"],
-                                     device=device,
-                                     progress=_every_tenth(log, f"{arch} eps {label}"))
+                                     device=device, log=log, what=f"{arch} eps {label}: ",
+                                     store=_cell_store(args.store, arch, label))
             except ValueError as exc:  # a bad runs, alpha, delta or select_frac, by name
                 raise SpecError(f"--spec: {exc}") from exc
             rows += [{"eps_label": label, **r} for r in got]
@@ -97,18 +98,10 @@ def _audit(args) -> None:
                  "seed": args.seed, "device": args.device, "task": task_prov})
 
 
-def _every_tenth(log, what: str):
-    """A ``progress(done, total)`` that logs ``what: done/total models, elapsed`` when done
-    passes another tenth of total (a cell of 1000 runs per side is many minutes on a CPU)."""
-    import time
-
-    start, shown = time.perf_counter(), [0]
-
-    def progress(done: int, total: int) -> None:
-        if done * 10 // total > shown[0]:
-            shown[0] = done * 10 // total
-            log(f"{what}: {done}/{total} models in {time.perf_counter() - start:.0f} s")
-    return progress
+def _cell_store(store: Path | None, arch: str, label: str) -> Path | None:
+    """Where a cell's batches of runs are kept: ``store/<arch>_eps<label>``."""
+    return None if store is None else store / re.sub(r"[^A-Za-z0-9.]+", "_",
+                                                     f"{arch}_eps{label}")
 
 
 def blackbox_noise(label: str, steps: int, delta: float) -> float:
@@ -152,7 +145,8 @@ def _blackbox(args) -> None:
                 got = blackbox.audit(task, model, setting, spec["runs"], args.seed,
                                      tuple(spec["inits"]), spec["canary"], spec["n_aux"],
                                      spec["n"], spec["alpha"], spec["delta"], device=device,
-                                     log=log)
+                                     log=log, what=f"{arch} eps {label}: ",
+                                     store=_cell_store(args.store, arch, label))
             except ValueError as exc:  # a bad runs, size, canary or init, by name
                 raise SpecError(f"--spec: {exc}") from exc
             rows += [{"eps_label": label, "hidden": spec["hidden"] if arch != "lr" else "",
@@ -252,6 +246,9 @@ def _training_args(p) -> None:
     p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
     p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+    p.add_argument("--store", type=Path, default=None, metavar="DIR",
+                   help="folder that keeps every finished batch of runs (one subfolder per "
+                        "model and eps label), so that a rerun trains only what it lacks")
 
 
 def register(subparsers) -> None:

@@ -193,18 +193,43 @@ def train_scores(X: np.ndarray, y: np.ndarray, model: dpsgd.ModelSpec, setting: 
     return {i: np.concatenate(v) for i, v in out.items()}
 
 
+def trainer_digest() -> str:
+    """SHA-256 of the code that turns a run's seed into its score (the trainer, the seed
+    derivation, the trials loop and this module): kept batches of runs are reused only
+    under the same digest."""
+    import sys
+
+    from ... import trials
+    from ...io import source_digest
+
+    return source_digest(dpsgd, seeds, trials, sys.modules[__name__])
+
+
 def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs: int,
           seed: int, inits: tuple[str, ...] = INITS, canary_kind: str = "blank",
           n_aux: int | None = None, n: int | None = None, alpha: float = 0.05,
           delta: float = 1e-5, pretrain: dict | None = None, per_call: int | None = None,
-          device=None, log: Callable[[str], None] | None = None) -> list[dict]:
+          device=None, log: Callable[[str], None] | None = None, store=None,
+          what: str = "") -> list[dict]:
     """The black-box audit: ``runs`` models per side (D0 = the audited rows, D1 = them plus
     the canary) for every init of ``inits``. Returns one row per init and bound kind
     (certified Clopper-Pearson, then the GDP estimate), each with ``method``,
     ``threat_model``, ``relation``, ``eps_th`` (add/remove, PLD), ``eps_rdp``, ``eps_lb``,
     ``certified``, ``runs`` (per side), ``mu_lb``, ``eps_lb_gdp``, ``tpr``, ``fpr``, ``auc``
     (the evaluation half), and what they were trained with. ``models_per_s``: training
-    speed of the audit runs (both sides, every init)."""
+    speed of the runs trained here (both sides, every init; NaN if all were restored).
+
+    ``log``: progress lines (:func:`dpaudit.trials.run`, prefixed ``what``). ``store`` (a
+    folder): each call's runs are kept there under a key of everything they depend on (the
+    audited rows, the canary, the initial model, the set-up, the trainer code, the device
+    kind) and a rerun restores them (checked: key, trials, seeds, content hash) and trains
+    the rest."""
+    from dataclasses import asdict
+
+    from ... import trials
+    from ...device import REPRODUCE_KEYS, describe
+    from ...io import array_digest
+
     inits = tuple(inits)
     if not inits or any(i not in INITS for i in inits) or len(set(inits)) != len(inits):
         raise ValueError(f"inits={inits!r}: must be distinct names from {INITS}")
@@ -215,7 +240,6 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
         raise ValueError(f"canary kind={canary_kind!r}: must be one of {CANARIES}")
     if not isinstance(setting, FullBatch):
         raise ValueError(f"setting: must be a FullBatch, not {type(setting).__name__}")
-    say = log or (lambda msg: None)
     dev = resolve(device)
     (X_aux, _), (X0, y0) = split(task, n_aux, n)
     t0 = time.perf_counter()
@@ -226,16 +250,37 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     x_c, y_c = canary(task, model, start, canary_kind)
     X1 = np.concatenate([X0, x_c[None]]).astype(np.float32)
     y1 = np.concatenate([y0, [y_c]]).astype(np.int64)
-    k = per_call or dpsgd.seeds_per_call(model, len(X1), setting.config(len(X1), "glorot"),
-                                         len(inits), dev, runs)
-    t1 = time.perf_counter()
-    scores = {}
-    for side, (X, y) in (("D0", (X0, y0)), ("D1", (X1, y1))):
-        side_seeds = seeds.int_seeds(runs, seed, f"tight/blackbox/{side}")
-        scores[side] = train_scores(X, y, model, setting, inits, start, x_c, y_c, side_seeds,
-                                    k, dev)
-        say(f"{side}: {runs} runs x {len(inits)} inits in {time.perf_counter() - t1:.0f} s")
-    speed = 2 * runs * len(inits) / (time.perf_counter() - t1)
+    data = {"D0": (X0, y0), "D1": (X1, y1)}
+    batch = per_call or dpsgd.seeds_per_call(model, len(X1), setting.config(len(X1), "glorot"),
+                                             len(inits), dev, runs)
+    trained = {"models": 0, "s": 0.0}
+
+    def train_score(side: trials.Side, _, chunk: list[int]) -> dict:
+        t = time.perf_counter()
+        got = train_scores(*data[side.name], model, setting, inits, start, x_c, y_c, chunk,
+                           len(chunk), dev)
+        trained["models"] += len(chunk) * len(inits)
+        trained["s"] += time.perf_counter() - t
+        return got
+
+    key = None
+    if store is not None:
+        where = describe(dev)
+        key = {"audit": "tight-blackbox", "model": asdict(model), "setting": asdict(setting),
+               "inits": list(inits), "seed": int(seed),
+               "pretrain": {**PRETRAIN, **(pretrain or {})},
+               "data_sha256": array_digest({"X0": X0, "y0": y0, "x_c": x_c,
+                                            "y_c": np.int64(y_c)}),
+               "init_sha256": array_digest({f"{name}{i}": t.cpu() for name, ts in
+                                            (("W", start.W), ("b", start.b))
+                                            for i, t in enumerate(ts)}),
+               "trainer": trainer_digest(), "device": {k: where[k] for k in REPRODUCE_KEYS}}
+    sides = [trials.Side(side, seeds.int_seeds(runs, seed, f"tight/blackbox/{side}"))
+             for side in data]
+    table = trials.run(sides, train_score, batch, log, what, store=store, key=key)
+    scores = {side: {i: table.loc[table.side == side, i].to_numpy() for i in inits}
+              for side in data}
+    speed = trained["models"] / trained["s"] if trained["models"] else math.nan
     common = {"threat_model": THREAT_MODEL, "relation": RELATION, **setting.epsilons(delta),
               "runs": runs, "alpha": alpha, "delta": delta, "canary": canary_kind,
               "canary_label": y_c, "n": len(X0), "n_aux": len(X_aux), "arch": model.arch,
@@ -251,4 +296,4 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
 
 
 __all__ = ["INITS", "CANARIES", "THREAT_MODEL", "RELATION", "PRETRAIN", "FullBatch", "split",
-           "worst_case_init", "canary", "train_scores", "audit"]
+           "worst_case_init", "canary", "train_scores", "trainer_digest", "audit"]

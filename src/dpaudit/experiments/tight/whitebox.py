@@ -85,38 +85,76 @@ def run_seeds(runs: int, seed: int, arch: str) -> dict[str, list[int]]:
     return out
 
 
+def trainer_digest() -> str:
+    """SHA-256 of the code that turns a run's seed into its scores (the trainer, the seed
+    derivation, the trials loop, the canary's coordinate and this module): kept batches of
+    runs are reused only under the same digest."""
+    import sys
+
+    from ... import trials
+    from ...io import source_digest
+
+    return source_digest(dpsgd, seeds, trials, quiet_coordinates, sys.modules[__name__])
+
+
+def store_key(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, seed: int,
+              init: dpsgd.Params | None = None, device=None) -> dict:
+    """What a kept batch of runs depends on besides its seeds: the data, model, DP-SGD
+    set-up, run seed, initial parameters, trainer code and the device kind (a seed trains
+    the same model only on the same kind of device, torch and CUDA)."""
+    from dataclasses import asdict
+
+    from ...device import REPRODUCE_KEYS, describe
+    from ...io import array_digest
+
+    where = describe(device)
+    return {"audit": "tight-whitebox", "model": asdict(model), "dpsgd": asdict(cfg),
+            "seed": int(seed), "data_sha256": array_digest({"X": X, "y": y}),
+            "init_sha256": None if init is None else array_digest(
+                {f"{name}{i}": t.cpu() for name, ts in (("W", init.W), ("b", init.b))
+                 for i, t in enumerate(ts)}),
+            "trainer": trainer_digest(), "device": {k: where[k] for k in REPRODUCE_KEYS}}
+
+
 def whitebox_scores(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int,
                     seed: int, init: dpsgd.Params | None = None, device=None,
-                    per_call: int | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> dict:
+                    per_call: int | None = None, log: Callable[[str], None] | None = None,
+                    store=None, what: str = "") -> dict:
     """Train ``runs`` models per side on ``(X, y)`` by DP-SGD (``cfg``), the canary
     (:func:`canary`) inserted on the ``"in"`` side; both sides' runs share the wide calls,
     ``per_call`` models each (default :func:`dpaudit.dpsgd.seeds_per_call`), and a run's
     draws depend on its seed alone. Returns ``{side: {score: (runs,) float64}}`` with
     scores ``"llr"`` (None without noise, where it is undefined) and ``"dot_sum"`` (module
-    docstring). ``progress(done, total)`` after every call, in models."""
+    docstring). ``log``: progress lines (:func:`dpaudit.trials.run`, prefixed ``what``).
+    ``store`` (a folder): each call's runs are kept there under :func:`store_key` and a
+    rerun restores them (checked: key, trials, seeds, content hash) and trains the rest."""
+    from ... import trials
+
     X, y = torch.as_tensor(X), torch.as_tensor(y)
     sides = run_seeds(runs, seed, model.arch)
-    # Sides alternate, so every call trains both and a partial run is balanced.
+    # Sides alternate (run r of "in" at 2r, of "out" at 2r + 1), so every call trains both
+    # and a partial run is balanced.
     all_seeds = [s for pair in zip(sides["in"], sides["out"]) for s in pair]
-    included = torch.tensor([True, False] * runs).view(-1, 1)
     if per_call is None:
         per_call = dpsgd.seeds_per_call(model, len(X), cfg, limit=len(all_seeds), device=device)
     if isinstance(per_call, bool) or not isinstance(per_call, (int, np.integer)) or per_call < 1:
         raise ValueError(f"per_call={per_call!r}: must be an integer >= 1")
     direction = canary(X.numpy(), model, cfg.clip, seed, device=device)
-    dot, llr = [], []
-    for start in range(0, len(all_seeds), per_call):
-        stop = min(start + per_call, len(all_seeds))
-        run = dpsgd.train(X, y, model, cfg, all_seeds[start:stop], init=init, device=device,
-                          canaries=dpsgd.GradientCanaries(direction, included[start:stop]))
-        dot.append(run.scores[:, 0].cpu().numpy())
+
+    def train_score(_, start: int, chunk: list[int]) -> dict:
+        included = torch.tensor([(start + i) % 2 == 0 for i in range(len(chunk))]).view(-1, 1)
+        run = dpsgd.train(X, y, model, cfg, chunk, init=init, device=device,
+                          canaries=dpsgd.GradientCanaries(direction, included))
+        got = {"dot_sum": run.scores[:, 0].double().cpu().numpy()}
         if run.llr is not None:
-            llr.append(run.llr[:, 0].cpu().numpy())
-        if progress is not None:
-            progress(stop, len(all_seeds))
-    dot, llr = np.concatenate(dot), np.concatenate(llr) if llr else None
-    return {side: {"llr": None if llr is None else llr[part], "dot_sum": dot[part]}
+            got["llr"] = run.llr[:, 0].double().cpu().numpy()
+        return got
+
+    key = None if store is None else store_key(X, y, model, cfg, seed, init, device)
+    table = trials.run([trials.Side("in/out", all_seeds)], train_score, int(per_call), log,
+                       what, store=store, key=key)
+    return {side: {"llr": table.llr.to_numpy()[part] if "llr" in table else None,
+                   "dot_sum": table.dot_sum.to_numpy()[part]}
             for side, part in (("in", slice(0, None, 2)), ("out", slice(1, None, 2)))}
 
 
@@ -159,18 +197,20 @@ def _hidden(model: dpsgd.ModelSpec) -> str:
 def audit(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int, seed: int,
           alpha: float, delta: float, select_frac: float = 0.5,
           init: dpsgd.Params | None = None, device=None, per_call: int | None = None,
-          progress: Callable[[int, int], None] | None = None) -> list[dict]:
+          log: Callable[[str], None] | None = None, store=None, what: str = "") -> list[dict]:
     """The white-box audit of DP-SGD ``cfg`` on ``(X, y)``: one row (dict) per method of
     :data:`METHODS` (only ``whitebox-dot-sum`` without noise), with the set-up, the
     theoretical eps of the add/remove relation (``eps_th`` PLD, ``eps_rdp``; ``inf``
     without noise) and the bounds of :func:`audit_scores`; ``eps_lb_ratio`` = eps_lb /
-    eps_th, how tight the audit is. The arguments are checked before any training."""
+    eps_th, how tight the audit is. The arguments are checked before any training;
+    ``log``, ``store`` and ``what`` as in :func:`whitebox_scores`."""
     for name, value in (("alpha", alpha), ("select_frac", select_frac)):
         if not isinstance(value, (int, float)) or not 0 < value < 1:
             raise ValueError(f"{name}={value!r}: must be in (0, 1)")
     if not isinstance(delta, (int, float)) or not 0 <= delta < 1:
         raise ValueError(f"delta={delta!r}: must be in [0, 1)")
-    scores = whitebox_scores(X, y, model, cfg, runs, seed, init, device, per_call, progress)
+    scores = whitebox_scores(X, y, model, cfg, runs, seed, init, device, per_call, log,
+                             store, what)
     n = len(X)
     eps_th, eps_rdp = theoretical_eps(cfg, n, delta)
     setup = {"eps_rdp": eps_rdp, "arch": model.arch, "hidden": _hidden(model), "n": n,
@@ -191,5 +231,5 @@ def audit(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int, seed:
     return rows
 
 
-__all__ = ["METHODS", "RELATION", "canary", "run_seeds", "whitebox_scores", "audit_scores",
-           "theoretical_eps", "audit"]
+__all__ = ["METHODS", "RELATION", "canary", "run_seeds", "trainer_digest", "store_key",
+           "whitebox_scores", "audit_scores", "theoretical_eps", "audit"]
