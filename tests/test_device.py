@@ -238,6 +238,7 @@ def test_describe_records_the_device_actually_used(monkeypatch, no_gpu_vars, fak
         "device": "cpu", "gpu_name": None, "capability": None, "sm_count": None,
         "torch": torch.__version__, "cuda": torch.version.cuda or None}
     assert set(device.REPRODUCE_KEYS) < set(cpu)
+    assert device.reproduce_key("cpu") == {k: cpu[k] for k in device.REPRODUCE_KEYS}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0,
                             multi_processor_count=132, uuid="GPU-1")
@@ -248,7 +249,10 @@ def test_describe_records_the_device_actually_used(monkeypatch, no_gpu_vars, fak
         assert device.describe(dev) == {
             "device": "cuda:1", "gpu_name": "NVIDIA H100 80GB HBM3", "capability": "9.0",
             "sm_count": 132, "torch": torch.__version__, "cuda": "12.4"}
-    assert fake_cuda == [1, 1]
+    assert device.reproduce_key("cuda:1") == {
+        "gpu_name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "sm_count": 132,
+        "torch": torch.__version__, "cuda": "12.4"}
+    assert fake_cuda == [1, 1, 1]
 
 
 def test_deterministic_scope_on_cuda_sets_and_restores_flags(monkeypatch):

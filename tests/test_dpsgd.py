@@ -272,6 +272,14 @@ def test_fixed_init_is_shared_and_round_trips(tmp_path):
     for k in (1, 2):  # same init, full batches, no noise: same model whatever the seed
         torch.testing.assert_close(_flat(out, k), _flat(out, 0), rtol=1e-12, atol=1e-12)
     assert out.select([2]).K == 1
+    # The digest a restore key records: the named arrays' (as kept by older versions), the
+    # same for the file's copy, another for other weights.
+    from dpaudit.io import array_digest
+
+    assert loaded.digest() == init.digest() == array_digest(
+        {**{f"W{i}": w for i, w in enumerate(init.W)}, **{f"b{i}": b for i, b in
+                                                          enumerate(init.b)}})
+    assert out.select([0]).digest() != init.digest()
 
 
 def test_losses_are_per_example_cross_entropy():
@@ -647,6 +655,21 @@ def test_seeds_per_call_shares_half_the_card_between_its_jobs(monkeypatch):
     assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 10**6, 1) == int(0.9 * 2**30) // per_seed
     with pytest.raises(ValueError, match="jobs_per_gpu=0: must be an integer >= 1"):
         D.seeds_per_call(model, 6000, cfg, 6, "cpu", jobs_per_gpu=0)
+
+
+def test_seeds_per_block_does_not_follow_the_free_memory(monkeypatch):
+    """A kept block's size fixes the store's layout: on the CPU one call's worth, on CUDA
+    GPU_BLOCK whatever is free (a call's width there follows the free memory)."""
+    model = D.ModelSpec("fnn", 784, hidden=32)
+    cfg = D.DPSGDConfig(epochs=24, batch_size=250, lr=0.15, clip=1.0, noise_multiplier=1.0)
+    for columns, limit in ((1, 4096), (2, 4096), (72, 4096), (1, 10)):
+        assert D.seeds_per_block(columns, "cpu", limit) == \
+            D.seeds_per_call(model, 6000, cfg, columns, "cpu", limit)
+    monkeypatch.setattr(D.memory, "resolve", lambda device: torch.device("cuda", 0))
+    for free in (80 * 2**30, 2**20):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev, f=free: (f, 80 * 2**30))
+        assert D.seeds_per_block(1, "cuda", 10**6) == D.memory.GPU_BLOCK == 1024
+        assert D.seeds_per_block(2, "cuda", 300) == 300
 
 
 def _tf32_round(t: torch.Tensor, mode: str) -> torch.Tensor:

@@ -66,3 +66,46 @@ def test_kept_batches_restore_bit_for_bit_and_only_under_their_key(tmp_path):
     assert len(calls) == 3
     with pytest.raises(ValueError, match="statistic 'bad': one value or one vector per model"):
         trials.keep(tmp_path, {}, _sides()[0], 0, [1, 2], {"bad": [[[1.0]], [[2.0]]]})
+
+
+PREFIX = "# dpaudit-provenance: "
+
+
+@pytest.mark.parametrize("meta_edit, body_edit, rehash, reason", [
+    # the header lists a statistic the rows lack (and not one they have), hash intact
+    (lambda m: m["stats"].update(lost=m["stats"].pop("loss")), None, True,
+     "its columns or trials are not those its header lists"),
+    (None, lambda b: b.replace("\n0,11,", "\n1,11,", 1), True,
+     "its columns or trials are not those its header lists"),
+    (lambda m: m.pop("body_sha256"), None, False, "no content hash recorded"),
+    (None, lambda b: b[:-40], False, "do not match the content hash"),
+])
+def test_a_damaged_kept_batch_is_named_and_trained_again(tmp_path, capsys, meta_edit,
+                                                        body_edit, rehash, reason):
+    import hashlib
+    import json
+
+    calls = []
+    first = trials.run(_sides(), _recording(calls), 2, store=tmp_path, key={"spec": 1})
+    path = tmp_path / "runs_with_canary_000000-000002.csv"
+    head, body = path.read_text().split("\n", 1)
+    meta = json.loads(head[len(PREFIX):])
+    if meta_edit:
+        meta_edit(meta)
+    if body_edit:
+        body = body_edit("\n" + body)[1:]
+    if rehash:  # a consistent content hash: only what the header lists is wrong
+        meta["body_sha256"] = hashlib.sha256(body.encode()).hexdigest()
+    path.write_text(PREFIX + json.dumps(meta) + "\n" + body)
+    calls.clear()
+    again = trials.run(_sides(), _recording(calls), 2, store=tmp_path, key={"spec": 1})
+    assert calls == [("runs with canary", [11, 12])]
+    err = capsys.readouterr().err
+    assert f"kept block {path}: " in err and reason in err, err
+    _same(again, first)
+
+
+def test_a_store_that_is_a_file_is_refused_before_training(tmp_path):
+    (tmp_path / "store").write_text("")
+    with pytest.raises(ValueError, match="store=.*store: not a folder"):
+        trials.run(_sides(), _recording([]), 2, store=tmp_path / "store")

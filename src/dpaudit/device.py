@@ -224,6 +224,13 @@ def describe(device: str | torch.device | None = None) -> dict:
     return info
 
 
+def reproduce_key(device: str | torch.device | None = None) -> dict:
+    """The :data:`REPRODUCE_KEYS` of :func:`describe`: what a restore key records of the
+    device, so that results trained on another kind of device are trained again."""
+    info = describe(device)
+    return {k: info[k] for k in REPRODUCE_KEYS}
+
+
 @contextmanager
 def deterministic(dev: str | torch.device) -> Iterator[None]:
     """Within this scope, CUDA work on ``dev`` is bitwise reproducible (same code, data,
@@ -282,4 +289,4 @@ def claim_first(names: Sequence[str], lock_dir: Path) -> tuple[str, IO | None]:
 
 __all__ = ["DEVICES", "LOCK_DIR", "GPU_VARS", "REPRODUCE_KEYS", "JOBS_PER_GPU_VAR",
            "DeviceUnavailable", "resolve", "jobs_per_gpu", "given_gpus", "nvml_free_memory",
-           "describe", "deterministic", "claim_first"]
+           "describe", "reproduce_key", "deterministic", "claim_first"]

@@ -50,6 +50,8 @@ def run(sides: Sequence[Side], train_score: TrainScore, batch: int,
     """
     if batch < 1:
         raise ValueError(f"batch={batch}: must be >= 1")
+    if store is not None and Path(store).exists() and not Path(store).is_dir():
+        raise ValueError(f"store={store}: not a folder")
     chunks = [(side, start, list(side.seeds[start:start + batch])) for side in sides
               for start in range(0, len(side.seeds), batch)]
     stats = [None if store is None else kept(store, key or {}, side, start, chunk)
@@ -108,24 +110,37 @@ def keep(store, key: dict, side: Side, start: int, seeds: Sequence[int], stats: 
 def kept(store, key: dict, side: Side, start: int, seeds: Sequence[int]) -> dict | None:
     """The statistics :func:`keep` kept for these trials of ``side`` under ``key`` (vectors
     as a list of arrays, one per model), or None if there are none (another key, side or
-    seeds, or no table)."""
+    seeds, or no table) or the table is damaged (no content hash or another, columns or
+    trials other than its header lists: named on stderr)."""
     from .io import BadInputFile, as_recorded, read_table
 
     path = _path(store, side, start, len(seeds))
     if not path.exists():
         return None
     try:
-        table, prov = read_table(path)
-    except BadInputFile as exc:  # damaged since it was kept: say so, and train it again
-        print(f"kept block {exc.path}: {exc.reason}; training it again", file=sys.stderr)
+        table, prov = read_table(path, require_hash=True)
+    except (BadInputFile, OSError) as exc:  # damaged since it was kept: say so, train again
+        print(f"kept block {path}: {getattr(exc, 'reason', exc)}; training it again",
+              file=sys.stderr)
         return None
     if (prov.get("key"), prov.get("side"), prov.get("trials")) != \
-            (as_recorded(key), side.name, [start, start + len(seeds)]) \
-            or table.seed.tolist() != [int(s) for s in seeds]:
+            (as_recorded(key), side.name, [start, start + len(seeds)]):
+        return None  # kept by another run: not these trials
+    widths = prov.get("stats")
+    columns = None if not isinstance(widths, dict) else ["trial", "seed"] + [
+        c for name, w in widths.items() for c in ([name] if w == 0 else
+                                                  [f"{name}.{j}" for j in range(w)])]
+    # (the header's JSON sorts the statistics' names, so their columns are compared as a set)
+    if columns is None or sorted(table.columns) != sorted(columns) \
+            or table.trial.tolist() != list(range(start, start + len(seeds))):
+        print(f"kept block {path}: its columns or trials are not those its header lists; "
+              f"training it again", file=sys.stderr)
+        return None
+    if table.seed.tolist() != [int(s) for s in seeds]:
         return None
     return {name: table[name].to_numpy() if width == 0 else
             list(table[[f"{name}.{j}" for j in range(width)]].to_numpy())
-            for name, width in prov["stats"].items()}
+            for name, width in widths.items()}
 
 
 __all__ = ["Side", "run", "keep", "kept"]

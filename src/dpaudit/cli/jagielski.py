@@ -112,7 +112,7 @@ def _train_group(args) -> None:
     import torch
 
     from .. import dpsgd, features
-    from ..device import REPRODUCE_KEYS, describe, jobs_per_gpu
+    from ..device import describe, jobs_per_gpu, reproduce_key
     from ..experiments import jagielski
     from ..io import array_digest, write_table
 
@@ -133,8 +133,7 @@ def _train_group(args) -> None:
         init, saved = dpsgd.load_params(args.init_file)
         if saved != model:
             raise SpecError(f"{args.init_file} holds {saved}, not {model}")
-        init_sha = array_digest({f"{name}{i}": t for name, ts in (("W", init.W), ("b", init.b))
-                                 for i, t in enumerate(ts)})
+        init_sha = init.digest()
     device = resolve(args.device)
     # The precision the products are computed in: TF32 exists on CUDA only.
     where = {**describe(device), "matmul_precision": spec["matmul_precision"]
@@ -145,7 +144,7 @@ def _train_group(args) -> None:
     shared = {k: spec[k] for k in TRAIN_KEYS if k not in ("trials", "ks", "noise")}
     key = {"group": [args.dataset, args.arch, args.attack], "spec": shared, "seed": args.seed,
            "task_sha256": array_digest(arrays), "trainer": jagielski.trainer_digest(),
-           "device": {k: where[k] for k in REPRODUCE_KEYS}}
+           "device": reproduce_key(device)}
     cfgs, cell_keys, info = {}, {}, {}
     for clip, init_label, eps in cells:
         noise = float(spec["noise"][eps])

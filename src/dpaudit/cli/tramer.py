@@ -138,7 +138,7 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     import torch
 
     from .. import canaries, subjects
-    from ..device import REPRODUCE_KEYS, describe
+    from ..device import describe, reproduce_key
     from ..experiments import tramer
     from ..data import load_fmnist
     from ..io import array_digest, write_table
@@ -173,7 +173,7 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
                          {"implementation": target, "spec": spec, **common,
                           **({} if mode == "black-box" else {"mode": mode,
                                                              "n_aux": plan["n_aux"]}),
-                          "device": {k: devices[target][k] for k in REPRODUCE_KEYS},
+                          "device": reproduce_key(spec.get("device", "auto")),
                           "columns": sorted(t for t, s in registry if s == spec)})
                 for target, fn, spec in plan["plans"] if (target, spec) in registry}
     rows, losses = [], []

@@ -10,11 +10,11 @@ One concept per module:
 - :mod:`.precision`          float32 matmul precision (fp32 or TF32) and the TF32 clip margin
 - :mod:`.gradient_canaries`  gradient canaries of white-box one-run audits and their scores
 - :mod:`.training`           the DP-SGD update: :func:`train`, :func:`train_with_noise_std`
-- :mod:`.memory`             how many seeds one training call holds
+- :mod:`.memory`             how many seeds one training call holds, and one kept block
 """
 
 from .gradient_canaries import CanaryRun, GradientCanaries, dirac_canaries, last_iterate_scores
-from .memory import seeds_per_call, step_bytes
+from .memory import seeds_per_block, seeds_per_call, step_bytes
 from .model import (ARCHS, INITS, SAMPLINGS, DPSGDConfig, ModelSpec, Params, flatten,
                     init_params, load_params, save_params)
 from .precision import PRECISIONS, TF32_REL, matmul_precision
@@ -24,6 +24,6 @@ from .wide import grad_norms, logits, losses
 
 __all__ = ["ModelSpec", "DPSGDConfig", "Params", "init_params", "save_params", "load_params",
            "logits", "losses", "grad_norms", "train", "train_with_noise_std", "seeds_per_call",
-           "step_bytes", "epoch_ends", "GradientCanaries", "CanaryRun", "flatten",
-           "last_iterate_scores", "dirac_canaries", "matmul_precision", "ARCHS", "SAMPLINGS",
-           "INITS", "PRECISIONS", "TF32_REL"]
+           "seeds_per_block", "step_bytes", "epoch_ends", "GradientCanaries", "CanaryRun",
+           "flatten", "last_iterate_scores", "dirac_canaries", "matmul_precision", "ARCHS",
+           "SAMPLINGS", "INITS", "PRECISIONS", "TF32_REL"]

@@ -1,5 +1,6 @@
 """Memory sizing of training calls: the bytes one seed adds to a call
-(:func:`step_bytes`) and how many seeds to train per call (:func:`seeds_per_call`)."""
+(:func:`step_bytes`), how many seeds to train per call (:func:`seeds_per_call`) and per
+kept block of a resumable audit (:func:`seeds_per_block`)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,27 @@ def seeds_per_call(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
         raise ValueError(f"jobs_per_gpu={jobs_per_gpu!r}: must be an integer >= 1")
     dev = resolve(device)
     if dev.type != "cuda":
-        return max(1, min(limit, math.ceil(128 / columns)))
+        return _cpu_seeds(columns, limit)
     free, total = torch.cuda.mem_get_info(dev)
     per_seed = step_bytes(model, n, cfg, columns)
     budget = min(total // (2 * int(jobs_per_gpu)), int(0.9 * free))
     return int(max(1, min(limit, budget // per_seed)))
+
+
+#: Seeds per kept block on CUDA (:func:`seeds_per_block`).
+GPU_BLOCK = 1024
+
+
+def _cpu_seeds(columns: int, limit: int) -> int:
+    return max(1, min(limit, math.ceil(128 / columns)))
+
+
+def seeds_per_block(columns: int = 1, device=None, limit: int = 4096) -> int:
+    """How many seeds a resumable audit keeps per block (:func:`dpaudit.trials.run`), at
+    most ``limit``: the layout of what it keeps, so it may not depend on the memory free at
+    the time (a rerun with another layout could restore nothing). CPU: one call's worth,
+    as :func:`seeds_per_call` (which there depends on ``columns`` only); CUDA:
+    :data:`GPU_BLOCK`, each block trained in as few calls as the memory holds."""
+    if resolve(device).type != "cuda":
+        return _cpu_seeds(columns, limit)
+    return max(1, min(limit, GPU_BLOCK))

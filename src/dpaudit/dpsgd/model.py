@@ -160,6 +160,14 @@ class Params:
     def to(self, device=None, dtype=None) -> "Params":
         return Params([w.to(device, dtype) for w in self.W], [b.to(device, dtype) for b in self.b])
 
+    def digest(self) -> str:
+        """SHA-256 of the weights and biases (:func:`dpaudit.io.array_digest`, on the CPU):
+        what a restore key records of an initial model."""
+        from ..io import array_digest
+
+        return array_digest({f"{name}{i}": t.detach().cpu() for name, ts in
+                             (("W", self.W), ("b", self.b)) for i, t in enumerate(ts)})
+
     def select(self, index) -> "Params":
         """The models ``index`` (an int, a slice or a sequence of ints), as a new Params."""
         if isinstance(index, int):

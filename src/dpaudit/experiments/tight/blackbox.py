@@ -220,14 +220,15 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     speed of the runs trained here (both sides, every init; NaN if all were restored).
 
     ``log``: progress lines (:func:`dpaudit.trials.run`, prefixed ``what``). ``store`` (a
-    folder): each call's runs are kept there under a key of everything they depend on (the
-    audited rows, the canary, the initial model, the set-up, the trainer code, the device
-    kind) and a rerun restores them (checked: key, trials, seeds, content hash) and trains
-    the rest."""
+    folder): each block's runs (:func:`dpaudit.dpsgd.seeds_per_block`, ``per_call`` if
+    given) are kept there under a key of everything they depend on (the audited rows, the
+    canary, the initial model, the set-up, the trainer code, the device kind) and a rerun
+    restores them (checked: key, trials, seeds, columns, content hash) and trains the
+    rest."""
     from dataclasses import asdict
 
     from ... import trials
-    from ...device import REPRODUCE_KEYS, describe
+    from ...device import reproduce_key
     from ...io import array_digest
 
     inits = tuple(inits)
@@ -251,33 +252,28 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     X1 = np.concatenate([X0, x_c[None]]).astype(np.float32)
     y1 = np.concatenate([y0, [y_c]]).astype(np.int64)
     data = {"D0": (X0, y0), "D1": (X1, y1)}
-    batch = per_call or dpsgd.seeds_per_call(model, len(X1), setting.config(len(X1), "glorot"),
-                                             len(inits), dev, runs)
     trained = {"models": 0, "s": 0.0}
 
     def train_score(side: trials.Side, _, chunk: list[int]) -> dict:
         t = time.perf_counter()
-        got = train_scores(*data[side.name], model, setting, inits, start, x_c, y_c, chunk,
-                           len(chunk), dev)
+        X, y = data[side.name]
+        k = per_call or dpsgd.seeds_per_call(model, len(X), setting.config(len(X), "glorot"),
+                                             len(inits), dev, len(chunk))
+        got = train_scores(X, y, model, setting, inits, start, x_c, y_c, chunk, k, dev)
         trained["models"] += len(chunk) * len(inits)
         trained["s"] += time.perf_counter() - t
         return got
 
-    key = None
-    if store is not None:
-        where = describe(dev)
-        key = {"audit": "tight-blackbox", "model": asdict(model), "setting": asdict(setting),
-               "inits": list(inits), "seed": int(seed),
-               "pretrain": {**PRETRAIN, **(pretrain or {})},
-               "data_sha256": array_digest({"X0": X0, "y0": y0, "x_c": x_c,
-                                            "y_c": np.int64(y_c)}),
-               "init_sha256": array_digest({f"{name}{i}": t.cpu() for name, ts in
-                                            (("W", start.W), ("b", start.b))
-                                            for i, t in enumerate(ts)}),
-               "trainer": trainer_digest(), "device": {k: where[k] for k in REPRODUCE_KEYS}}
+    # The initial model's digest covers its pre-training; the canary is in the data's.
+    key = None if store is None else {
+        "audit": "tight-blackbox", "model": asdict(model), "setting": asdict(setting),
+        "inits": list(inits), "seed": int(seed), "init_sha256": start.digest(),
+        "data_sha256": array_digest({"X0": X0, "y0": y0, "x_c": x_c, "y_c": np.int64(y_c)}),
+        "trainer": trainer_digest(), "device": reproduce_key(dev)}
     sides = [trials.Side(side, seeds.int_seeds(runs, seed, f"tight/blackbox/{side}"))
              for side in data]
-    table = trials.run(sides, train_score, batch, log, what, store=store, key=key)
+    block = per_call or dpsgd.seeds_per_block(len(inits), dev, runs)
+    table = trials.run(sides, train_score, block, log, what, store=store, key=key)
     scores = {side: {i: table.loc[table.side == side, i].to_numpy() for i in inits}
               for side in data}
     speed = trained["models"] / trained["s"] if trained["models"] else math.nan

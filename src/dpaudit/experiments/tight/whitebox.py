@@ -104,16 +104,13 @@ def store_key(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, seed: int,
     the same model only on the same kind of device, torch and CUDA)."""
     from dataclasses import asdict
 
-    from ...device import REPRODUCE_KEYS, describe
+    from ...device import reproduce_key
     from ...io import array_digest
 
-    where = describe(device)
     return {"audit": "tight-whitebox", "model": asdict(model), "dpsgd": asdict(cfg),
             "seed": int(seed), "data_sha256": array_digest({"X": X, "y": y}),
-            "init_sha256": None if init is None else array_digest(
-                {f"{name}{i}": t.cpu() for name, ts in (("W", init.W), ("b", init.b))
-                 for i, t in enumerate(ts)}),
-            "trainer": trainer_digest(), "device": {k: where[k] for k in REPRODUCE_KEYS}}
+            "init_sha256": None if init is None else init.digest(),
+            "trainer": trainer_digest(), "device": reproduce_key(device)}
 
 
 def whitebox_scores(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int,
@@ -122,12 +119,13 @@ def whitebox_scores(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: 
                     store=None, what: str = "") -> dict:
     """Train ``runs`` models per side on ``(X, y)`` by DP-SGD (``cfg``), the canary
     (:func:`canary`) inserted on the ``"in"`` side; both sides' runs share the wide calls,
-    ``per_call`` models each (default :func:`dpaudit.dpsgd.seeds_per_call`), and a run's
-    draws depend on its seed alone. Returns ``{side: {score: (runs,) float64}}`` with
-    scores ``"llr"`` (None without noise, where it is undefined) and ``"dot_sum"`` (module
-    docstring). ``log``: progress lines (:func:`dpaudit.trials.run`, prefixed ``what``).
-    ``store`` (a folder): each call's runs are kept there under :func:`store_key` and a
-    rerun restores them (checked: key, trials, seeds, content hash) and trains the rest."""
+    ``per_call`` models each (default :func:`dpaudit.dpsgd.seeds_per_call` within blocks of
+    :func:`dpaudit.dpsgd.seeds_per_block`), and a run's draws depend on its seed alone.
+    Returns ``{side: {score: (runs,) float64}}`` with scores ``"llr"`` (None without noise,
+    where it is undefined) and ``"dot_sum"`` (module docstring). ``log``: progress lines
+    (:func:`dpaudit.trials.run`, prefixed ``what``). ``store`` (a folder): each block's
+    runs are kept there under :func:`store_key` and a rerun restores them (checked: key,
+    trials, seeds, columns, content hash) and trains the rest."""
     from ... import trials
 
     X, y = torch.as_tensor(X), torch.as_tensor(y)
@@ -135,24 +133,29 @@ def whitebox_scores(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: 
     # Sides alternate (run r of "in" at 2r, of "out" at 2r + 1), so every call trains both
     # and a partial run is balanced.
     all_seeds = [s for pair in zip(sides["in"], sides["out"]) for s in pair]
-    if per_call is None:
-        per_call = dpsgd.seeds_per_call(model, len(X), cfg, limit=len(all_seeds), device=device)
-    if isinstance(per_call, bool) or not isinstance(per_call, (int, np.integer)) or per_call < 1:
+    if per_call is not None and (isinstance(per_call, bool)
+                                 or not isinstance(per_call, (int, np.integer)) or per_call < 1):
         raise ValueError(f"per_call={per_call!r}: must be an integer >= 1")
     direction = canary(X.numpy(), model, cfg.clip, seed, device=device)
 
     def train_score(_, start: int, chunk: list[int]) -> dict:
-        included = torch.tensor([(start + i) % 2 == 0 for i in range(len(chunk))]).view(-1, 1)
-        run = dpsgd.train(X, y, model, cfg, chunk, init=init, device=device,
-                          canaries=dpsgd.GradientCanaries(direction, included))
-        got = {"dot_sum": run.scores[:, 0].double().cpu().numpy()}
-        if run.llr is not None:
-            got["llr"] = run.llr[:, 0].double().cpu().numpy()
-        return got
+        # A block's runs in as few calls as the memory holds (one on the CPU).
+        k = per_call or dpsgd.seeds_per_call(model, len(X), cfg, limit=len(chunk), device=device)
+        got = {"dot_sum": [], "llr": []}
+        for at in range(0, len(chunk), k):
+            part = chunk[at:at + k]
+            included = torch.tensor([(start + at + i) % 2 == 0 for i in range(len(part))])
+            run = dpsgd.train(X, y, model, cfg, part, init=init, device=device,
+                              canaries=dpsgd.GradientCanaries(direction, included.view(-1, 1)))
+            got["dot_sum"].append(run.scores[:, 0].cpu().numpy())
+            if run.llr is not None:
+                got["llr"].append(run.llr[:, 0].cpu().numpy())
+        return {name: np.concatenate(v) for name, v in got.items() if v}
 
     key = None if store is None else store_key(X, y, model, cfg, seed, init, device)
-    table = trials.run([trials.Side("in/out", all_seeds)], train_score, int(per_call), log,
-                       what, store=store, key=key)
+    block = per_call or dpsgd.seeds_per_block(1, device, len(all_seeds))
+    table = trials.run([trials.Side("in/out", all_seeds)], train_score, int(block), log, what,
+                       store=store, key=key)
     return {side: {"llr": table.llr.to_numpy()[part] if "llr" in table else None,
                    "dot_sum": table.dot_sum.to_numpy()[part]}
             for side, part in (("in", slice(0, None, 2)), ("out", slice(1, None, 2)))}
