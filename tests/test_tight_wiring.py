@@ -386,3 +386,46 @@ def test_startup_check_names_tight_keys():
     assert len(found) == 2
     assert "'12' has no noise multiplier" in found[0]
     assert "tight.blackbox.n_aux + tight.blackbox.n = 7000" in found[1]
+
+
+def test_the_reference_tight_tables_are_the_full_config_and_draw_without_training(tmp_path):
+    """reference/tight_{whitebox,blackbox}.csv: the full config's tight section (every arch
+    x eps label, 1000 runs per side) measured on 2 CPU cores; `tight_reference` joins them
+    with the paper-scale Figure 2's ClipBKD rows and draws them, training nothing. No
+    certified bound above its eps_th, and the numbers docs/tight.md quotes."""
+    import re
+
+    from test_workflow import snakemake
+
+    ref = ROOT / "reference"
+    tight = yaml.safe_load((ROOT / "config/config.yaml").read_text())["tight"]
+    cells = {(a, float(e)) for a in tight["archs"] for e in tight["eps"]}
+    for name, methods in (("tight_whitebox", 2), ("tight_blackbox", 4)):
+        table, meta = read_table(ref / f"{name}.csv", require_hash=True)
+        assert meta["seed"] == 0 and meta["spec"]["runs"] == tight["runs"] == 1000
+        assert set(zip(table.arch, table.eps_label.astype(float))) == cells
+        assert len(table) == methods * len(cells) and (table.runs == 1000).all()
+    out = snakemake("-n", "--directory", str(tmp_path), "tight_reference")
+    assert out.returncode == 0, out.stderr
+    assert set(re.findall(r"^(?:local)?rule (\w+):", out.stdout, re.M)) == {
+        "tight_reference_table", "tight_reference_plot", "tight_reference"}
+    assert main(["tight-table", "--whitebox", str(ref / "tight_whitebox.csv"), "--blackbox",
+                 str(ref / "tight_blackbox.csv"), "--clipbkd", str(ref / "jagielski_fig2.csv"),
+                 "--out", str(tmp_path / "tight_audit.csv")]) == 0
+    df, _ = read_table(tmp_path / "tight_audit.csv")
+    certified = df[(df.kind == "measurement") & df.certified]
+    assert (certified.eps_lb <= certified.eps_th).all()
+    assert set(certified.method) == {"whitebox-llr", "whitebox-dot-sum", "blackbox-clipbkd",
+                                     "blackbox-worst-case-init", "blackbox-glorot-init"}
+
+    def eps_lb(arch, label, method):
+        (value,) = df[(df.arch == arch) & (df.eps_label.astype(float) == label)
+                      & (df.method == method)].eps_lb
+        return round(value, 2)
+
+    assert eps_lb("fnn", 10, "blackbox-worst-case-init") == 2.29
+    assert eps_lb("fnn", 10, "blackbox-worst-case-init-gdp") == 7.70
+    assert eps_lb("lr", 10, "blackbox-worst-case-init") == 2.99
+    assert eps_lb("fnn", 10, "whitebox-llr") == 1.53
+    assert eps_lb("lr", 10, "whitebox-llr") == 2.01
+    assert eps_lb("fnn", 10, "last-iterate-heuristic") == 5.47

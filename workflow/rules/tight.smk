@@ -138,3 +138,39 @@ rule tight:
     input:
         "figures/tight_audit.pdf",
         "results/tight_audit.csv",
+
+
+# The full config's tight table measured on 2 CPU cores (config `reference_dir`,
+# reference/README.md), with the ClipBKD rows of the paper-scale Figure 2 table, drawn on
+# any CPU without training or data: `snakemake --cores 1 tight_reference`.
+rule tight_reference_table:
+    input:
+        whitebox=os.path.join(REFERENCE, "tight_whitebox.csv"),
+        blackbox=os.path.join(REFERENCE, "tight_blackbox.csv"),
+        clipbkd=os.path.join(REFERENCE, "jagielski_fig2.csv"),
+    output:
+        "results/reference/tight_audit.csv",
+    localrule: True
+    log:
+        "logs/tight_reference_table.log",
+    conda:
+        ENV
+    shell:
+        "dpaudit tight-table --whitebox {input.whitebox} --blackbox {input.blackbox}"
+        " --clipbkd {input.clipbkd} --out {output} 2> {log}"
+
+
+use rule tight_plot as tight_reference_plot with:
+    input:
+        "results/reference/tight_audit.csv",
+    output:
+        pdf="figures/reference/tight_audit.pdf",
+        png="figures/reference/tight_audit.png",
+    log:
+        "logs/tight_reference_plot.log",
+
+
+rule tight_reference:
+    input:
+        "figures/reference/tight_audit.pdf",
+        "results/reference/tight_audit.csv",
