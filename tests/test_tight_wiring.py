@@ -418,14 +418,14 @@ def test_the_reference_tight_tables_are_the_full_config_and_draw_without_trainin
     assert set(certified.method) == {"whitebox-llr", "whitebox-dot-sum", "blackbox-clipbkd",
                                      "blackbox-worst-case-init", "blackbox-glorot-init"}
 
-    def eps_lb(arch, label, method):
+    def eps_lb(arch, label, method, setting="poisson"):
         (value,) = df[(df.arch == arch) & (df.eps_label.astype(float) == label)
-                      & (df.method == method)].eps_lb
+                      & (df.method == method) & (df.setting == setting)].eps_lb
         return round(value, 2)
 
-    assert eps_lb("fnn", 10, "blackbox-worst-case-init") == 2.29
-    assert eps_lb("fnn", 10, "blackbox-worst-case-init-gdp") == 7.70
-    assert eps_lb("lr", 10, "blackbox-worst-case-init") == 2.99
+    assert eps_lb("fnn", 10, "blackbox-worst-case-init", "full-batch") == 2.29
+    assert eps_lb("fnn", 10, "blackbox-worst-case-init-gdp", "full-batch") == 7.70
+    assert eps_lb("lr", 10, "blackbox-worst-case-init", "full-batch") == 2.99
     assert eps_lb("fnn", 10, "whitebox-llr") == 1.53
     assert eps_lb("lr", 10, "whitebox-llr") == 2.01
     assert eps_lb("fnn", 10, "last-iterate-heuristic") == 5.47
