@@ -390,18 +390,29 @@ def test_startup_check_names_tight_keys():
 
 def test_the_reference_tight_tables_are_the_full_config_and_draw_without_training(tmp_path):
     """reference/tight_{whitebox,blackbox}.csv: the full config's tight section (every arch
-    x eps label, 1000 runs per side) measured on 2 CPU cores; `tight_reference` joins them
-    with the paper-scale Figure 2's ClipBKD rows and draws them, training nothing. No
-    certified bound above its eps_th, and the numbers docs/tight.md quotes."""
+    x eps label, 1000 runs per side, the set-ups the rules pass) measured on 2 CPU cores;
+    `tight_reference` joins them with the paper-scale Figure 2's ClipBKD rows and draws
+    them, training nothing. No certified bound above its eps_th, and every cell of
+    docs/tight.md's table of them is the kept tables'."""
     import re
 
     from test_workflow import snakemake
 
     ref = ROOT / "reference"
-    tight = yaml.safe_load((ROOT / "config/config.yaml").read_text())["tight"]
+    config = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    tight, fmnist = config["tight"], config["jagielski"]["datasets"]["fmnist"]
+    noise = {**tight["noise"], **fmnist["noise"]}
     cells = {(a, float(e)) for a in tight["archs"] for e in tight["eps"]}
-    for name, methods in (("tight_whitebox", 2), ("tight_blackbox", 4)):
-        table, meta = read_table(ref / f"{name}.csv", require_hash=True)
+    wb, wb_meta = read_table(ref / "tight_whitebox.csv", require_hash=True)
+    bb, bb_meta = read_table(ref / "tight_blackbox.csv", require_hash=True)
+    assert wb_meta["train"] == {  # as rule tight_whitebox builds it
+        **{k: fmnist[k] for k in ("epochs", "batch_size", "lr", "hidden")},
+        "noise": {e: noise[e] for e in tight["eps"]}, "clip": config["jagielski"]["fig2"]["clip"]}
+    assert bb_meta["spec"] == {  # as rule tight_blackbox builds it
+        **{k: tight[k] for k in ("runs", "archs", "eps", "alpha", "delta")},
+        **tight["blackbox"], "hidden": fmnist["hidden"]}
+    assert [p["spec"]["archs"] for p in wb_meta["joined_from"]] == [["lr"]] * 2 + [["fnn"]] * 2
+    for table, meta, methods in ((wb, wb_meta, 2), (bb, bb_meta, 4)):
         assert meta["seed"] == 0 and meta["spec"]["runs"] == tight["runs"] == 1000
         assert set(zip(table.arch, table.eps_label.astype(float))) == cells
         assert len(table) == methods * len(cells) and (table.runs == 1000).all()
@@ -412,20 +423,36 @@ def test_the_reference_tight_tables_are_the_full_config_and_draw_without_trainin
     assert main(["tight-table", "--whitebox", str(ref / "tight_whitebox.csv"), "--blackbox",
                  str(ref / "tight_blackbox.csv"), "--clipbkd", str(ref / "jagielski_fig2.csv"),
                  "--out", str(tmp_path / "tight_audit.csv")]) == 0
+    assert main(["tight-plot", "--table", str(tmp_path / "tight_audit.csv"), "--out",
+                 str(tmp_path / "tight_audit.pdf")]) == 0
+    assert (tmp_path / "tight_audit.png").stat().st_size > 0
     df, _ = read_table(tmp_path / "tight_audit.csv")
     certified = df[(df.kind == "measurement") & df.certified]
     assert (certified.eps_lb <= certified.eps_th).all()
     assert set(certified.method) == {"whitebox-llr", "whitebox-dot-sum", "blackbox-clipbkd",
                                      "blackbox-worst-case-init", "blackbox-glorot-init"}
 
-    def eps_lb(arch, label, method, setting="poisson"):
-        (value,) = df[(df.arch == arch) & (df.eps_label.astype(float) == label)
-                      & (df.method == method) & (df.setting == setting)].eps_lb
-        return round(value, 2)
+    def row(arch, label, method):
+        (got,) = df[(df.arch == arch) & (df.eps_label.astype(float) == label)
+                    & (df.method == method)].itertuples()
+        return got
 
-    assert eps_lb("fnn", 10, "blackbox-worst-case-init", "full-batch") == 2.29
-    assert eps_lb("fnn", 10, "blackbox-worst-case-init-gdp", "full-batch") == 7.70
-    assert eps_lb("lr", 10, "blackbox-worst-case-init", "full-batch") == 2.99
-    assert eps_lb("fnn", 10, "whitebox-llr") == 1.53
-    assert eps_lb("lr", 10, "whitebox-llr") == 2.01
-    assert eps_lb("fnn", 10, "last-iterate-heuristic") == 5.47
+    def cell(arch, label, method):  # "certified (GDP estimate; AUC)"
+        c, g = row(arch, label, method), row(arch, label, method + "-gdp")
+        return f"{c.eps_lb:.2f} ({g.eps_lb:.2f}; {c.auc:.2f})"
+
+    docs = (ROOT / "docs/tight.md").read_text()
+    section = docs[docs.index("## Results at the full config's settings"):]
+    section = section[:section.index("\n## ")]
+    rows = re.findall(r"^\| (LR|FNN) \| (\d+) \| (.*) \|$", section, re.M)
+    assert len(rows) == len(cells)
+    for arch, label, rest in rows:
+        arch, label = arch.lower(), float(label)
+        wb_th = row(arch, label, "whitebox-llr").eps_th
+        heuristic = df[(df.arch == arch) & (df.eps_label.astype(float) == label)
+                       & (df.method == "last-iterate-heuristic") & (df.setting == "poisson")]
+        assert rest.split(" | ") == [
+            f"{label:.2f}", cell(arch, label, "blackbox-worst-case-init"),
+            cell(arch, label, "blackbox-glorot-init"), f"{wb_th:.2f}",
+            cell(arch, label, "whitebox-llr"), cell(arch, label, "whitebox-dot-sum"),
+            f"{heuristic.eps_lb.item():.2f}"], (arch, label)

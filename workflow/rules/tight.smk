@@ -33,11 +33,14 @@ rule tight_whitebox:
         store="results/tight/trained/whitebox",
     threads: 2
     resources:
-        # Models (both sides) x epochs, measured on 2 CPU cores with the quick config (91 s
-        # for 1,024).
+        # Models (both sides) x epochs: 2 CPU cores, measured with the full config (4,058 s
+        # for 480,000); one H100, projected from Figure 2's measured model-steps/s, not
+        # measured (docs/scale.md, "Job sizes"; a job past its limit resumes from its kept
+        # blocks).
         **job(
             mem_mb=2000,
-            cpu_s=0.1,
+            cpu_s=8.5e-3,
+            gpu_s=5e-5,
             per=lambda wc: 2
             * TIGHT["runs"]
             * len(TIGHT["archs"])
@@ -72,11 +75,12 @@ rule tight_blackbox:
         store="results/tight/trained/blackbox",
     threads: 2
     resources:
-        # Models (both sides, every init) x full-batch steps, measured as above (73 s for
-        # 10,240, a third of it pre-training each cell's worst-case init).
+        # Models (both sides, every init) x full-batch steps, as above (2 CPU cores: 2,193 s
+        # for 4 M with the full config, the worst-case inits' pre-training included).
         **job(
-            mem_mb=2000,
-            cpu_s=0.01,
+            mem_mb=3000,
+            cpu_s=5.5e-4,
+            gpu_s=1e-5,
             per=lambda wc: 2
             * TIGHT["runs"]
             * len(TIGHT["blackbox"]["inits"])
