@@ -37,69 +37,141 @@ job's time alone from these speeds, the config's jobs_per_gpu at once at the mea
 speed-up, between the reference run's measured head and tail. --cuda-only skips the CPU
 timings (a GPU session's device time is short), --skip-levers the lever lines.
 
+Without a GPU, DPAUDIT_FORCE_GPU (a GPU description, dpaudit.device) runs the CUDA lines on
+the CPU through every GPU-only branch (seeds per call from the described memory, TF32's
+clip margin), with the described GPU's name and no measured memory peak; --tiny runs every
+line at a small scale (TINY, TINY_CONFIG), so that such a dry run is short:
+
     python benchmarks/bench_dpsgd.py [--threads 2] [--epochs 1] [--table2-seeds 2] [--cuda-only]
+    DPAUDIT_FORCE_GPU='{"name": "H100", ...}' python benchmarks/bench_dpsgd.py --cuda-only --tiny
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import subprocess
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 import yaml
 
 from dpaudit import dpsgd
+from dpaudit.device import FORCE_GPU_VAR, forced, gpu_count, resolve
 from dpaudit.experiments.jagielski import grid_cells, groups
 
 ROOT = Path(__file__).resolve().parents[1]
 
-FMNIST = Path("/usr/share/datasets/fashion-mnist")
-N, D, H, B, LR, CLIP, SIGMA = 6000, 784, 32, 250, 0.15, 1.0, 1.01
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from setups import B, CLIP, D, H, LR, N, SIGMA, group_cells, load_data  # noqa: E402
 
 
-def load_data(n: int = N):
-    """``n`` seeded FMNIST images of classes 0/1 (``N``: a random half, as make_new.py), or
-    random data of that shape."""
-    try:
-        with gzip.open(FMNIST / "train-images-idx3-ubyte.gz") as f:
-            x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, D)
-        with gzip.open(FMNIST / "train-labels-idx1-ubyte.gz") as f:
-            y = np.frombuffer(f.read(), np.uint8, offset=8)
-        keep = np.flatnonzero(y < 2)
-        keep = keep[np.random.default_rng(0).choice(len(keep), n, replace=False)]
-        return (torch.tensor(x[keep] / 255.0, dtype=torch.float32),
-                torch.tensor(y[keep].astype(np.int64)), "FMNIST 0/1")
-    except FileNotFoundError:
-        g = torch.Generator().manual_seed(0)
-        return torch.rand(n, D, generator=g), torch.randint(0, 2, (n,), generator=g), "random"
+@dataclass(frozen=True)
+class Scale:
+    """What the benchmark times: ``n`` examples; the CUDA lines' epochs per group timing,
+    and per lever with its rounds; the K of the K sizing lines (Figure 2's, Table 2's) on
+    the CPU and on CUDA (with the K a workflow job takes); the counts of jobs at once on
+    CUDA (with the config's jobs_per_gpu); the Tramer et al. runs per call on the CPU."""
+
+    n: int = N
+    cuda_epochs: int = 24
+    lever_epochs: int = 4
+    lever_repeats: int = 2
+    cpu_ks: tuple = ((6, 12, 24, 48), (1, 2, 4, 8))
+    cuda_ks: tuple = ((100, 200, 400), (100, 200))
+    cuda_jobs: tuple = (1, 2, 4)
+    tramer_runs: int = 100
+
+
+#: --tiny: every line in a few seconds on 2 CPU cores (a dry run under DPAUDIT_FORCE_GPU,
+#: tests/test_gpu_branches.py); its speeds measure nothing. Its CUDA jobs at once are
+#: the config's two only: each process compiles the fused draws anew (dpaudit.dpsgd.philox).
+TINY = Scale(n=500, cuda_epochs=1, lever_epochs=1, lever_repeats=1, cpu_ks=((2, 4), (1, 2)),
+             cuda_ks=((2, 4), (1, 2)), cuda_jobs=(), tramer_runs=4)
+#: --tiny's overlay of --config: few trials (the K of a call is at most a side's trials),
+#: two jobs per GPU, a small Tramer et al. case study.
+TINY_CONFIG = {"jobs_per_gpu": 2, "jagielski": {"trials": 8},
+               "tramer": {"n_train": 100, "batch_runs": 4, "model": {"epochs": 1}}}
+
+
+def merged(base: dict, overlay: dict) -> dict:
+    """``overlay`` over ``base`` as Snakemake merges a ``--configfile``: dicts recursively,
+    anything else replaced whole."""
+    out = dict(base)
+    for key, value in overlay.items():
+        out[key] = (merged(out[key], value) if isinstance(value, dict)
+                    and isinstance(out.get(key), dict) else value)
+    return out
+
+
+def _real_cuda(device) -> bool:
+    """Whether ``device`` is a CUDA card (under a forced GPU description, ``cuda`` is the
+    CPU: nothing to synchronize, no CUDA memory to measure)."""
+    return resolve(device).type == "cuda"
+
+
+def _sync(device) -> None:
+    """Wait for ``device``'s queued work, so that a timing covers it."""
+    if _real_cuda(device):
+        torch.cuda.synchronize()
+
+
+def _empty_cache(device) -> None:
+    """Hand the CUDA memory cache back, so that the next line starts from a clean card."""
+    if _real_cuda(device):
+        torch.cuda.empty_cache()
+
+
+def _gpu_name() -> str:
+    """The GPU the CUDA lines are of: torch's, or the forced description's."""
+    desc = forced()
+    return torch.cuda.get_device_name() if desc is None else f"{desc.name} (forced, on the CPU)"
+
+
+def _where(device) -> str:
+    """What a line says it ran on."""
+    return "CPU" if device == "cpu" else _gpu_name()
+
+
+def _peak_start() -> int | None:
+    """The CUDA bytes allocated now, with the peak reset; None without CUDA memory (a forced
+    GPU description trains on the CPU)."""
+    if not _real_cuda("cuda"):
+        return None
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def _peak_since(start: int | None) -> str:
+    """The peak CUDA bytes allocated since :func:`_peak_start`, as printed."""
+    if start is None:
+        return "unavailable (forced GPU description: trained on the CPU)"
+    return f"{(torch.cuda.max_memory_allocated() - start) / 2**20:.0f} MiB"
 
 
 def _module():
     return nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, 2))
 
 
-def _batches(epochs, seed=0):
+def _batches(epochs, n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [idx for _ in range(epochs) for idx in torch.randperm(N, generator=g).split(B)]
+    return [idx for _ in range(epochs) for idx in torch.randperm(n, generator=g).split(B)]
 
 
 def plain_sgd(X, y, epochs):
     module = _module()
     opt = torch.optim.SGD(module.parameters(), lr=LR)
-    for idx in _batches(epochs):
+    for idx in _batches(epochs, len(X)):
         opt.zero_grad()
         nn.functional.cross_entropy(module(X[idx]), y[idx]).backward()
         opt.step()
-    return epochs * (N // B)
+    return epochs * (len(X) // B)
 
 
 def opacus_index_batches(X, y, epochs):
@@ -109,11 +181,11 @@ def opacus_index_batches(X, y, epochs):
     module = GradSampleModule(_module())
     opt = DPOptimizer(torch.optim.SGD(module.parameters(), lr=LR), noise_multiplier=SIGMA,
                       max_grad_norm=CLIP, expected_batch_size=B)
-    for idx in _batches(epochs):
+    for idx in _batches(epochs, len(X)):
         opt.zero_grad()
         nn.functional.cross_entropy(module(X[idx]), y[idx]).backward()
         opt.step()
-    return epochs * (N // B)
+    return epochs * (len(X) // B)
 
 
 def opacus_privacy_engine(X, y, epochs):
@@ -130,7 +202,7 @@ def opacus_privacy_engine(X, y, epochs):
             opt.zero_grad()
             nn.functional.cross_entropy(module(xb), yb).backward()
             opt.step()
-    return epochs * (N // B)
+    return epochs * (len(X) // B)
 
 
 def ours(K, device="cpu"):
@@ -140,21 +212,9 @@ def ours(K, device="cpu"):
         cfg = dpsgd.DPSGDConfig(epochs=epochs, batch_size=B, lr=LR, clip=CLIP,
                                 noise_multiplier=SIGMA)
         dpsgd.train(X, y, model, cfg, list(range(K)), device=device)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        return K * cfg.steps(N)
+        _sync(device)
+        return K * cfg.steps(len(X))
     return run
-
-
-def group_cells(jag, cells, epochs):
-    """The DPSGDConfigs of a group's cells (clip, init label, eps label), FMNIST set-up."""
-    noise = jag["datasets"]["fmnist"]["noise"]
-    out = []
-    for clip, init, eps in cells:
-        kw = dict(epochs=epochs, batch_size=B, lr=LR, clip=clip, noise_multiplier=noise[eps])
-        out.append(dpsgd.DPSGDConfig(**kw, init="fixed") if init == "fixed" else
-                   dpsgd.DPSGDConfig(**kw, init_scale=float(init[1:])))
-    return out
 
 
 def wide(jag, cells, K, device="cpu", precision="fp32"):
@@ -168,16 +228,16 @@ def wide(jag, cells, K, device="cpu", precision="fp32"):
         fixed = init if any(c.init == "fixed" for c in cfgs) else None
         with dpsgd.matmul_precision(precision):
             dpsgd.train(X, y, model, cfgs, list(range(K)), init=fixed, device=device)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        return K * len(cfgs) * cfgs[0].steps(N)
+        _sync(device)
+        return K * len(cfgs) * cfgs[0].steps(len(X))
     return run
 
 
-def sized_k(jag, cells, device, jobs=1):
-    """The seeds per call run_group takes for a group of ``cells`` (a side's trials at most)."""
+def sized_k(jag, cells, device, n, jobs=1):
+    """The seeds per call run_group takes for a group of ``cells`` on ``n`` examples (a
+    side's trials at most)."""
     cfg = group_cells(jag, cells, jag["datasets"]["fmnist"]["epochs"])[0]
-    return dpsgd.seeds_per_call(dpsgd.ModelSpec("fnn", D, hidden=H), N, cfg, len(cells),
+    return dpsgd.seeds_per_call(dpsgd.ModelSpec("fnn", D, hidden=H), n, cfg, len(cells),
                                 device, limit=jag["trials"], jobs_per_gpu=jobs)
 
 
@@ -186,7 +246,7 @@ def k_sizing(jag, named, X, y, device, epochs, repeats):
     fns = {(name, K): wide(jag, cells, K, device) for name, (cells, ks) in named.items()
            for K in ks}
     got = rates(fns, X, y, epochs, repeats)
-    where = "CPU" if device == "cpu" else torch.cuda.get_device_name()
+    where = _where(device)
     for name, (cells, ks) in named.items():
         line = ", ".join(f"K={K} {got[name, K]:.0f}" for K in ks)
         print(f"K sizing ({where}, {len(cells)} cells, {epochs} epochs): {line} model-steps/s"
@@ -198,10 +258,9 @@ def worker(spec: dict) -> None:
     """One of several jobs at once (``--worker``): warm up, say "ready", wait for a line on
     stdin, train ``rounds`` calls, print its start, end (wall clock) and model-steps."""
     torch.set_num_threads(spec["threads"])
-    jag = yaml.safe_load(Path(spec["config"]).read_text())["jagielski"]
     cells = [tuple(c) for c in spec["cells"]]
-    X, y, _ = load_data()
-    run = wide(jag, cells, spec["K"], spec["device"])
+    X, y, _ = load_data(spec["n"])
+    run = wide(spec["jag"], cells, spec["K"], spec["device"])
     run(X, y, 1)
     print("ready", flush=True)
     sys.stdin.readline()
@@ -210,17 +269,16 @@ def worker(spec: dict) -> None:
     print(json.dumps({"t0": t0, "t1": time.time(), "steps": steps}), flush=True)
 
 
-def several_jobs(jag, config, cells, device, counts, epochs, rounds):
-    """Model-steps/s of P processes training a group of ``cells`` at once, for P in
-    ``counts`` (each P: the K a job takes when P share a GPU; on the CPU, its cores split
-    between the jobs), against one alone. Returns {P: aggregate speed-up}."""
-    if device != "cpu":
-        torch.cuda.empty_cache()
-    where = "CPU" if device == "cpu" else torch.cuda.get_device_name()
+def several_jobs(jag, cells, device, counts, epochs, rounds, n):
+    """Model-steps/s of P processes training a group of ``cells`` on ``n`` examples at
+    once, for P in ``counts`` (each P: the K a job takes when P share a GPU; on the CPU,
+    its cores split between the jobs), against one alone. Returns {P: aggregate speed-up}."""
+    _empty_cache(device)
+    where = _where(device)
     speedup, alone = {}, None
     for P in counts:
-        spec = {"config": str(config), "cells": cells, "device": device, "epochs": epochs,
-                "rounds": rounds, "K": sized_k(jag, cells, device, P),
+        spec = {"jag": jag, "cells": cells, "device": device, "epochs": epochs, "n": n,
+                "rounds": rounds, "K": sized_k(jag, cells, device, n, P),
                 "threads": max(1, torch.get_num_threads() // P) if device == "cpu" else 2}
         procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -246,14 +304,14 @@ def several_jobs(jag, config, cells, device, counts, epochs, rounds):
 
 def tf32_rates(jag, named, X, y, epochs, repeats):
     """fp32 against TF32 products (CUDA) for each group of ``named`` ({name: cells})."""
-    fns = {(name, p): wide(jag, cells, sized_k(jag, cells, "cuda"), "cuda", p)
+    fns = {(name, p): wide(jag, cells, sized_k(jag, cells, "cuda", len(X)), "cuda", p)
            for name, cells in named.items() for p in dpsgd.PRECISIONS}
     got = rates(fns, X, y, epochs, repeats)
     for name, cells in named.items():
         fp32, tf32 = got[name, "fp32"], got[name, "tf32"]
-        print(f"TF32 ({torch.cuda.get_device_name()}, {len(cells)} cells, K="
-              f"{sized_k(jag, cells, 'cuda')}): fp32 {fp32:.0f}, tf32 {tf32:.0f} model-steps/s "
-              f"({tf32 / fp32:.2f}x)")
+        print(f"TF32 ({_gpu_name()}, {len(cells)} cells, K="
+              f"{sized_k(jag, cells, 'cuda', len(X))}): fp32 {fp32:.0f}, tf32 {tf32:.0f} "
+              f"model-steps/s ({tf32 / fp32:.2f}x)")
     return {name: got[name, "tf32"] / got[name, "fp32"] for name in named}
 
 
@@ -269,16 +327,16 @@ def tramer_rate(tramer_cfg, X, y, runs, repeats):
             "n": n + 1}
     Xs, ys, seeds = X[:n + 1], y[:n + 1], list(range(runs))
     fns = [subjects.SUBJECTS[name] for name in tramer_cfg["implementations"]]
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    device = "cuda" if gpu_count() else "cpu"  # the default device's kind
 
     def apart():
         for fn in fns:
             fn(Xs, ys, seeds, spec)(Xs[:1])
-        sync()
+        _sync(device)
 
     def columns():
         subjects.train_columns(fns, Xs, ys, seeds, spec)[0](Xs[:1])
-        sync()
+        _sync(device)
 
     best = {}
     for name, fn in (("apart", apart), ("columns", columns)):
@@ -289,9 +347,8 @@ def tramer_rate(tramer_cfg, X, y, runs, repeats):
             fn()
             times.append(time.perf_counter() - t)
         best[name] = len(fns) * runs / min(times)
-    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    print(f"Tramer case study ({where}, {runs} runs per call, {len(fns)} subjects): apart "
-          f"{best['apart']:.0f} runs/s, as columns {best['columns']:.0f} runs/s "
+    print(f"Tramer case study ({_where(device)}, {runs} runs per call, {len(fns)} subjects): "
+          f"apart {best['apart']:.0f} runs/s, as columns {best['columns']:.0f} runs/s "
           f"({best['columns'] / best['apart']:.2f}x)")
     return best["columns"]
 
@@ -315,7 +372,7 @@ def main():
     ap.add_argument("--threads", type=int, nargs="+",
                     default=sorted({torch.get_num_threads(), 2}, reverse=True))
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, help="rounds of the CPU rows (default 3; --tiny 1)")
     ap.add_argument("--table2-seeds", type=int, default=2,
                     help="seeds (trials) per wide call of the grids on the CPU")
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml",
@@ -324,22 +381,30 @@ def main():
                     help="time and project only on CUDA (no CPU rows, no Opacus)")
     ap.add_argument("--skip-levers", action="store_true",
                     help="leave out the K sizing, several-jobs, TF32 and Tramer lines")
+    ap.add_argument("--tiny", action="store_true",
+                    help=f"every line at a small scale, {TINY.n} examples and --config with "
+                         f"TINY_CONFIG over it (a short dry run under {FORCE_GPU_VAR})")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
-    if args.cuda_only and not torch.cuda.is_available():
-        ap.error("--cuda-only: torch sees no CUDA device")
+    if args.cuda_only and not gpu_count():
+        ap.error(f"--cuda-only: torch sees no CUDA device (set {FORCE_GPU_VAR} to a GPU "
+                 "description for a dry run on the CPU: dpaudit.device)")
     warnings.filterwarnings("ignore")
+    scale = TINY if args.tiny else Scale()
+    args.repeats = args.repeats or (1 if args.tiny else 3)
     cfg = yaml.safe_load(args.config.read_text())
+    if args.tiny:
+        cfg = merged(cfg, TINY_CONFIG)
     jag = cfg["jagielski"]
     one = cfg["onerun"] if cfg["onerun"]["compare_many_model"] else None
     grid = groups(grid_cells(jag, one)["all"])
     table2 = grid[(jag["table2"]["dataset"], jag["table2"]["arch"], "clipbkd")]
     fig2 = min(grid.values(), key=len)
-    X, y, source = load_data()
-    print(f"data: {source} n={N} d={D}; fnn 784-32-2, batch {B}, {args.epochs} epochs x "
-          f"{N // B} steps; torch {torch.__version__}; best of {args.repeats}")
+    X, y, source = load_data(scale.n)
+    print(f"data: {source} n={len(X)} d={D}; fnn 784-32-2, batch {B}, {args.epochs} epochs x "
+          f"{len(X) // B} steps; torch {torch.__version__}; best of {args.repeats}")
     speeds = {}
     try:
         import opacus  # noqa: F401
@@ -376,53 +441,60 @@ def main():
     if not args.cuda_only and not args.skip_levers:
         torch.set_num_threads(max(args.threads))
         print()
-        k_sizing(jag, {"fig2": (fig2, [6, 12, 24, 48]), "table2": (table2, [1, 2, 4, 8])},
+        fig2_ks, table2_ks = scale.cpu_ks
+        k_sizing(jag, {"fig2": (fig2, list(fig2_ks)), "table2": (table2, list(table2_ks))},
                  X, y, "cpu", args.epochs, args.repeats)
-        several_jobs(jag, args.config, fig2, "cpu", [1, 2], args.epochs, 2)
-        tramer_rate(cfg["tramer"], X, y, 100, args.repeats)
-    if torch.cuda.is_available():
-        cuda(args, cfg, grid, fig2, table2, X, y)
+        several_jobs(jag, fig2, "cpu", [1, 2], args.epochs, 2, len(X))
+        tramer_rate(cfg["tramer"], X, y, scale.tramer_runs, args.repeats)
+    if gpu_count():
+        cuda(args, cfg, scale, grid, fig2, table2, X, y)
 
 
-def cuda(args, cfg, grid, fig2, table2, X, y):
-    """The CUDA lines: each group at the K a workflow job takes (with its memory), K
-    sizing, several jobs on the card, TF32, the Tramer et al. audit's subjects, and the
-    projections of the paper-scale run."""
-    jag, jobs = cfg["jagielski"], cfg["jobs_per_gpu"]
-    name = torch.cuda.get_device_name()
+def cuda(args, cfg, scale, grid, fig2, table2, X, y):
+    """The CUDA lines at ``scale``: each group at the K a workflow job takes (with its
+    memory), K sizing, several jobs on the card, TF32, the Tramer et al. audit's subjects,
+    and the projections of the paper-scale run."""
+    jag, jobs, n, epochs = cfg["jagielski"], cfg["jobs_per_gpu"], len(X), scale.cuda_epochs
+    name = _gpu_name()
     cuda_speeds = {}
     model = dpsgd.ModelSpec("fnn", D, hidden=H)
     for cells in (fig2, table2):
-        cfgs = group_cells(jag, cells, 24)
-        K = sized_k(jag, cells, "cuda", jobs)
+        cfgs = group_cells(jag, cells, epochs)
+        K = sized_k(jag, cells, "cuda", n, jobs)
         run = wide(jag, cells, K, "cuda")
         run(X, y, 1)  # CUDA warm-up
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        start = _peak_start()
         t = time.perf_counter()
-        steps = run(X, y, 24)
+        steps = run(X, y, epochs)
         cuda_speeds[len(cells)] = steps / (time.perf_counter() - t)
-        peak = torch.cuda.max_memory_allocated() - base
-        est = K * dpsgd.step_bytes(model, N, cfgs[0], len(cells))
-        print(f"\n{name}: {len(cells)} cells x K={K} seeds ({jobs} jobs per GPU), 24 "
+        est = K * dpsgd.step_bytes(model, n, cfgs[0], len(cells))
+        print(f"\n{name}: {len(cells)} cells x K={K} seeds ({jobs} jobs per GPU), {epochs} "
               f"epochs: {cuda_speeds[len(cells)]:.0f} model-steps/s "
-              f"({cuda_speeds[len(cells)] / cfgs[0].steps(N):.1f} models/s); memory: "
-              f"estimated {est / 2**20:.0f} MiB, measured peak {peak / 2**20:.0f} MiB")
+              f"({cuda_speeds[len(cells)] / cfgs[0].steps(n):.1f} models/s); memory: "
+              f"estimated {est / 2**20:.0f} MiB, measured peak {_peak_since(start)}")
         del run
-        torch.cuda.empty_cache()
+        _empty_cache("cuda")
     print(f"table2 grid (CUDA): {cuda_speeds[len(table2)]:.0f} model-steps/s")
     project(grid, jag, name, cuda_speeds)
     if args.skip_levers:
         return
     print()
-    sized = {c: sorted({sized_k(jag, c, "cuda", j) for j in (1, jobs)}) for c in (fig2, table2)}
-    attempt("K sizing", k_sizing, jag, {"fig2": (fig2, sorted({100, 200, 400, *sized[fig2]})),
-                                        "table2": (table2, sorted({100, 200, *sized[table2]}))},
-            X, y, "cuda", 4, 2)
-    speedup = attempt("jobs at once", several_jobs, jag, args.config, fig2, "cuda",
-                      sorted({1, 2, 4, jobs}), 4, 3)
-    tf32 = attempt("TF32", tf32_rates, jag, {"fig2": fig2, "table2": table2}, X, y, 4, 2)
-    tramer = attempt("Tramer", tramer_rate, cfg["tramer"], X, y, cfg["tramer"]["batch_runs"], 2)
+    # The K a job takes alone and with jobs_per_gpu jobs on its card, by group name (a
+    # group's cells, a list, cannot key a dict).
+    named = {"fig2": fig2, "table2": table2}
+    sized = {g: {sized_k(jag, cells, "cuda", n, j) for j in (1, jobs)}
+             for g, cells in named.items()}
+    fig2_ks, table2_ks = scale.cuda_ks
+    attempt("K sizing", k_sizing, jag, {"fig2": (fig2, sorted({*fig2_ks, *sized["fig2"]})),
+                                        "table2": (table2, sorted({*table2_ks,
+                                                                   *sized["table2"]}))},
+            X, y, "cuda", scale.lever_epochs, scale.lever_repeats)
+    speedup = attempt("jobs at once", several_jobs, jag, fig2, "cuda",
+                      sorted({*scale.cuda_jobs, jobs}), scale.lever_epochs, 3, n)
+    tf32 = attempt("TF32", tf32_rates, jag, named, X, y, scale.lever_epochs,
+                   scale.lever_repeats)
+    tramer = attempt("Tramer", tramer_rate, cfg["tramer"], X, y, cfg["tramer"]["batch_runs"],
+                     scale.lever_repeats)
     if speedup and tramer:
         factors = {"fp32": {len(fig2): 1.0, len(table2): 1.0}}
         if tf32:

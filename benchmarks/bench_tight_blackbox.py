@@ -30,7 +30,7 @@ from dpaudit.experiments import jagielski
 from dpaudit.experiments.tight import blackbox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_dpsgd import load_data  # noqa: E402  (the FMNIST 0/1 images, or random data)
+from setups import load_data  # noqa: E402  (the FMNIST 0/1 images, or random data)
 
 N_AUX, N, D, STEPS, LR, CLIP, SIGMA = 3000, 1000, 784, 100, 1e-4, 1.0, 5.0
 

@@ -32,7 +32,7 @@ from dpaudit import dpsgd
 from dpaudit.experiments.tight import whitebox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_dpsgd import load_data  # noqa: E402  (the FMNIST 0/1 half, or random data)
+from setups import load_data  # noqa: E402  (the FMNIST 0/1 half, or random data)
 
 EPOCHS_FULL, B, LR, CLIP, SIGMA, H = 24, 250, 0.15, 1.0, 2.68, 32
 

@@ -18,13 +18,22 @@ fixture they share (one run of the whole workflow) is made once, and the tests m
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
 import pytest
+import torch
 
 import dpaudit
 from dpaudit import device
+
+# Under pytest-xdist every core runs a worker: one thread each (and in what they start),
+# since two workers' thread pools on two cores wait on each other at every parallel
+# operation (milliseconds each where the machine is busy).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 # Every module now, so that none imports the function during a test (and keeps the patch).
 for _info in pkgutil.walk_packages(dpaudit.__path__, "dpaudit."):
@@ -40,6 +49,21 @@ def _named_only(resolve):
                 "tests/test_cuda.py")
         return resolve(dev)
     return strict
+
+
+@pytest.fixture(autouse=True)
+def _compile_only_where_marked(request):
+    """The GPU's fused Philox draws (dpaudit.dpsgd.philox) are compiled with torch.compile, tens
+    of seconds on 2 cores. Tests that take the GPU branch under a forced GPU description
+    run it uncompiled (the same draws: the branch's logic is what they test), except those
+    marked ``compiles``, which check the compiled kernels themselves."""
+    import torch._dynamo
+
+    if request.node.get_closest_marker("compiles"):
+        yield
+        return
+    with torch._dynamo.config.patch(disable=True):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -47,3 +47,19 @@ def write_tree(root: Path, rng, classes=("airplane", "cat", "truck"), per_class=
                 Image.fromarray(img.transpose(1, 2, 0)).save(root / split / name / f"{i:04d}.{fmt}")
             out[split, name] = imgs
     return out
+
+
+def tiny_image_data(root: Path) -> None:
+    """The tiny data of the tests' whole-DAG run and of the GPU check's dry run: Fashion-MNIST
+    (IDX files, torchvision's raw layout: 120 training images, 80 of classes 0/1, and 40
+    test images) and CIFAR-10 (an ImageFolder PNG tree, all ten classes, 18 per class)."""
+    from dpaudit.data import CIFAR10_CLASSES
+
+    rng = np.random.default_rng(0)
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    arrays = fake_fmnist(rng, n_train=120, n_test=40)
+    arrays["train-labels-idx1-ubyte"] = (np.arange(120) % 3).astype(np.uint8)  # 80 of 0/1
+    for name, arr in arrays.items():
+        (raw / name).write_bytes(idx_bytes(arr))
+    write_tree(root, rng, classes=CIFAR10_CLASSES, per_class=18)

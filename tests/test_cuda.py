@@ -5,9 +5,8 @@ Every other test pins the CPU, so these are what a GPU session runs first
 each column alone, the two samplings, the scores against the CPU's, the seeds per call
 against the card's memory and its jobs, a group bit for bit whatever its calls, TF32
 training, a whole group through the CLI, and the CIFAR feature extractor's bitwise
-reproducibility in :func:`dpaudit.device.deterministic`. CUDA's random
-streams differ from the CPU's, so models are compared on the same device; scores of the
-same weights are compared across devices.
+reproducibility in :func:`dpaudit.device.deterministic`; the counter-based draws, the
+same bits as the CPU's, and the models a GPU trains against the CPU's (to float rounding).
 """
 
 from __future__ import annotations
@@ -28,7 +27,9 @@ from dpaudit.dpsgd.model import _tensors
 from dpaudit.experiments import jagielski
 from test_jagielski import _task  # a toy task: 40 rows of 6 features
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU")
+# compiles: the trainer's fused draws run compiled, as in every GPU job (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU"),
+              pytest.mark.compiles]
 
 
 def _problem(arch, n=60, d=12):
@@ -109,11 +110,15 @@ def test_seeds_per_call_shares_the_card_between_its_jobs():
         assert K == min(total // (2 * jobs), int(0.9 * free)) // per_seed
 
 
-def test_a_group_is_bit_identical_whatever_the_calls_on_cuda(tmp_path):
+def test_a_group_is_bit_identical_whatever_the_calls_on_cuda(tmp_path, monkeypatch):
     """Calls of 1, 3 or all 7 trials, across blocks of 3 or within one of 7, give the same
-    scores bit for bit on the GPU too (cuBLAS may pick other kernels for other numbers of
-    seeds: this is what makes the seeds per call a matter of speed only). If this fails,
-    calls must keep to whole blocks on CUDA, as Poisson calls do (run_group's ``span``)."""
+    scores bit for bit on the GPU too with gathered batches (cuBLAS may pick other kernels
+    for other numbers of seeds: this is what makes the seeds per call a matter of speed
+    only). If this fails, calls must keep to whole blocks on CUDA, as Poisson calls and
+    calls on shared data do (run_group's ``span``); those agree to float rounding."""
+    from dpaudit import dpsgd
+
+    monkeypatch.setattr(dpsgd.sampling, "shares_data", lambda *args: False)
     task = _task(np.random.default_rng(5))
     model = D.ModelSpec("fnn", 6, hidden=4)
     base = dict(epochs=2, batch_size=10, lr=0.5)
@@ -126,6 +131,10 @@ def test_a_group_is_bit_identical_whatever_the_calls_on_cuda(tmp_path):
                                   **kw)
         for c in cfgs:
             pd.testing.assert_frame_equal(got[c], first[c], check_exact=True)
+    monkeypatch.undo()  # the data shared (40 rows, batches of 10): to float rounding
+    shared = jagielski.run_group(task, "clipbkd", model, cfgs, block=3, per_call=1, **kw)
+    for c in cfgs:
+        pd.testing.assert_frame_equal(shared[c], first[c], check_exact=False, rtol=1e-4)
 
 
 def test_tf32_trains_close_to_fp32_reproducibly_and_restores_torch_setting():
@@ -219,3 +228,40 @@ def test_cli_trains_a_group_on_cuda_and_reuses_its_blocks(tmp_path, capfd):
     assert train() == 0  # every block kept: restored, nothing trained, the same bytes
     assert "36 models restored, 0 to train" in capfd.readouterr().err
     assert (tmp_path / "out/c1_g1_e4.csv").read_bytes() == first
+
+
+def test_philox_draws_are_the_same_bits_on_the_gpu():
+    """The counter-based draws on CUDA, fused (one compiled kernel each, the trainer's
+    GPU path) and not: the CPU's words bit for bit, its normals to float rounding."""
+    from dpaudit.dpsgd import philox
+
+    key = philox.keys([0, 5, 2 ** 63 + 11], "cpu")
+    for kind, param in (("words", 0.0), ("bernoulli", 0.3), ("sort_keys", 0.0),
+                        ("uniform", 0.0), ("normal", 0.0)):
+        cpu = philox.draw(kind, key, philox.NOISE, 17, 999, param)
+        for fused in (False, True):
+            gpu = philox.draw(kind, key.cuda(), philox.NOISE, 17, 999, param, fused=fused)
+            if kind in ("normal", "uniform"):
+                torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-6, atol=1e-6)
+            else:
+                assert torch.equal(gpu.cpu(), cpu), (kind, fused)
+
+
+@pytest.mark.parametrize("sampling", ["shuffle", "poisson"])
+@pytest.mark.parametrize("arch", ["lr", "fnn"])
+def test_a_gpus_runs_are_the_cpus_to_float_rounding(arch, sampling):
+    """Same seeds, same draws (init, batches, noise, canaries): the models and scores a
+    GPU trains are those the CPU trains, to float rounding (a few steps)."""
+    X, y, model, init = _problem(arch)
+    cfg = D.DPSGDConfig(epochs=2, batch_size=9, lr=0.4, clip=1.0, noise_multiplier=0.8,
+                        sampling=sampling)
+    seeds = [3, 11, 2 ** 40]
+    dirs = D.dirac_canaries(model, 2, 1.0, 0, device="cpu")
+    inc = torch.tensor([[True, False], [True, True], [False, False]])
+    runs = {dev: D.train(X, y, model, cfg, seeds, device=dev,
+                         canaries=D.GradientCanaries(dirs.to(dev), inc))
+            for dev in ("cpu", "cuda")}
+    torch.testing.assert_close(D.flatten(runs["cuda"].params).cpu(),
+                               D.flatten(runs["cpu"].params), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(runs["cuda"].scores.cpu(), runs["cpu"].scores,
+                               rtol=1e-4, atol=1e-6)

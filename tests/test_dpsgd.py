@@ -8,10 +8,17 @@ import torch
 from scipy import stats
 from torch import nn
 
+from dpaudit import device
 from dpaudit import dpsgd as D
+from dpaudit.dpsgd import philox
 from dpaudit.dpsgd.model import _tensors
 
 F64 = torch.float64
+
+
+def _h100(free: int = 80 * 2**30) -> device.GpuDescription:
+    """An H100 as torch reports one, with ``free`` bytes free (forced on the CPU)."""
+    return device.GpuDescription("NVIDIA H100 80GB HBM3", 80 * 2**30, free, "9.0", 132)
 
 
 def _module(model: D.ModelSpec) -> nn.Sequential:
@@ -38,12 +45,14 @@ def _as_params(module: nn.Sequential) -> D.Params:
 
 
 def _problem(arch, n=40, d=7, seed=0, spread=3.0):
-    """Small float64 problem whose per-example gradient norms spread over ~2 decades."""
+    """Small float64 problem whose per-example gradient norms spread over ~2 decades; 3
+    classes, 2 for ``arch`` "lr2" (logistic regression: the trainer's two-class step)."""
+    classes = 2 if arch == "lr2" else 3
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n, d, generator=g, dtype=F64) * torch.exp(spread * torch.rand(n, 1, generator=g,
                                                                                dtype=F64))
-    y = torch.randint(0, 3, (n,), generator=g)
-    model = D.ModelSpec(arch, d, hidden=5, n_classes=3)
+    y = torch.randint(0, classes, (n,), generator=g)
+    model = D.ModelSpec("lr" if arch == "lr2" else arch, d, hidden=5, n_classes=classes)
     init = D.init_params(model, 1, seed, scale=2.0, dtype=F64, device="cpu")
     return X, y, model, init
 
@@ -69,7 +78,7 @@ def _flat(params: D.Params, k: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("noise_std", [0.0, 0.7])
-@pytest.mark.parametrize("arch", ["lr", "fnn"])
+@pytest.mark.parametrize("arch", ["lr", "lr2", "fnn"])
 def test_one_step_update_matches_torch_func(arch, noise_std):
     """theta - lr/B (sum_i clip_C(grad_i) + s z), grads by torch.func, z the model's noise draw."""
     X, y, model, init = _problem(arch)
@@ -83,10 +92,10 @@ def test_one_step_update_matches_torch_func(arch, noise_std):
                         init="fixed")
     got = D.train_with_noise_std(X, y, model, cfg, seeds, noise_std, init=init, device="cpu")
     for k, seed in enumerate(seeds):
-        # The noise of step 1: first row of the model's noise-stream draw for the first
-        # chunk of steps (here the only step), laid out as W_0, b_0, W_1, b_1 (row-major).
-        z = torch.randn(min(cfg.chunk_steps(n), cfg.steps(n)), model.n_params, dtype=F64,
-                        generator=D.model._generator(seed, D.model._NOISE, "cpu"))[0]
+        # The noise of step 0: the model's noise-stream draw at that step, laid out as
+        # W_0, b_0, W_1, b_1 (row-major).
+        z = philox.draw("normal", philox.keys([seed], "cpu"), philox.NOISE, 0,
+                        model.n_params)[0].double()
         torch.testing.assert_close(_flat(got, k), ref_flat - lr / n * noise_std * z,
                                    rtol=1e-10, atol=1e-12)
     if noise_std:
@@ -136,7 +145,7 @@ def test_clipping_bounds_each_examples_contribution():
     x = torch.tensor([[1e4, -2e4, 3e4, 1e4, 5e3], [1e-3, 0, 0, 0, 2e-3]], dtype=F64)
     y = torch.tensor([1, 0])
     norms = D.grad_norms(init, x, y, model)[0]
-    assert norms[0] > 1e3 and 0 < norms[1] < 0.9
+    assert norms[0] > 1e3 and 0 < norms[1] < 1.5  # clipped at C = 2 and not
     for i, expect in [(0, 0.3 * 2.0), (1, 0.3 * norms[1])]:
         cfg = D.DPSGDConfig(epochs=1, batch_size=1, lr=0.3, clip=2.0, noise_multiplier=0.0,
                             init="fixed")
@@ -145,7 +154,7 @@ def test_clipping_bounds_each_examples_contribution():
         torch.testing.assert_close(step, torch.as_tensor(expect, dtype=F64), rtol=1e-10, atol=0)
 
 
-@pytest.mark.parametrize("arch", ["lr", "fnn"])
+@pytest.mark.parametrize("arch", ["lr", "lr2", "fnn"])
 def test_no_noise_large_clip_is_plain_sgd(arch):
     """sigma = 0, C = inf: full-batch DP-SGD = torch.optim.SGD on the mean cross-entropy."""
     X, y, model, init = _problem(arch, n=30)
@@ -189,37 +198,72 @@ def test_each_models_randomness_depends_only_on_its_seed(sampling):
     assert not torch.allclose(_flat(a, 0), _flat(a, 1))
 
 
-def test_poisson_batches_have_binomial_sizes_and_no_repeats():
+@pytest.mark.parametrize("shared", [False, True])
+def test_poisson_batches_have_binomial_sizes_and_no_repeats(shared):
     n, B, K, S = 400, 40, 5, 200
     cfg = D.DPSGDConfig(epochs=1, batch_size=B, lr=0.1, clip=1.0, noise_multiplier=1.0,
                         sampling="poisson")
-    gens = [torch.Generator().manual_seed(s) for s in range(K)]
-    sizes = []
-    for idx, valid in D.sampling._sample_batches(cfg, n, S, gens, "cpu", torch.float32):
+    batches = D.sampling.Batches(cfg, n, philox.keys(range(K), "cpu"), shared, torch.float32)
+    sizes, rows = [], []
+    for t in range(S):
+        idx, valid = batches.step(t)
         for k in range(K):
-            chosen = idx[k][valid[k] > 0]
-            assert len(set(chosen.tolist())) == len(chosen)
+            if shared:
+                chosen = valid[k].nonzero()[:, 0]
+            else:
+                chosen = idx[k][valid[k] > 0]
+                assert len(set(chosen.tolist())) == len(chosen)
             sizes.append(len(chosen))
+            rows.append(chosen)
     sizes = np.array(sizes)
     q = B / n
     # mean of K*S Binomial(n, q) counts: 5-sigma band around n*q; variance n*q*(1-q).
     assert abs(sizes.mean() - n * q) < 5 * math.sqrt(n * q * (1 - q) / sizes.size)
     assert stats.chi2.sf((sizes.size - 1) * sizes.var(ddof=1) / (n * q * (1 - q)),
                          sizes.size - 1) > 1e-4
+    # every row equally likely: its count over the K*S batches is Binomial(K*S, q)
+    counts = np.bincount(torch.cat(rows).numpy(), minlength=n)
+    assert stats.chisquare(counts).pvalue > 1e-4
     assert cfg.steps(n) == round(1 / q)
+    if shared:  # the same batches as gathered, from the same keys
+        gathered = D.sampling.Batches(cfg, n, philox.keys(range(K), "cpu"), False, torch.float32)
+        idx, valid = gathered.step(S - 1)
+        assert [sorted(idx[k][valid[k] > 0].tolist()) for k in range(K)] == \
+            [r.tolist() for r in rows[-K:]]
 
 
-def test_shuffle_visits_every_example_once_per_epoch():
+@pytest.mark.parametrize("shared", [False, True])
+def test_shuffle_visits_every_example_once_per_epoch(shared):
     n, B = 103, 10
     cfg = D.DPSGDConfig(epochs=1, batch_size=B, lr=0.1, clip=1.0, noise_multiplier=1.0)
-    batches = D.sampling._sample_batches(cfg, n, 2 * cfg.steps_per_epoch(n),
-                                [torch.Generator().manual_seed(s) for s in (0, 1)], "cpu",
-                                torch.float32)
-    assert [idx.shape[1] for idx, _ in batches] == ([10] * 10 + [3]) * 2
+    batches = D.sampling.Batches(cfg, n, philox.keys([0, 1], "cpu"), shared, torch.float32)
+    steps = [batches.step(t) for t in range(2 * cfg.steps_per_epoch(n))]
+    if shared:
+        rows = [[w[k].nonzero()[:, 0] for _, w in steps] for k in range(2)]
+    else:
+        rows = [[idx[k] for idx, _ in steps] for k in range(2)]
+    assert [len(r) for r in rows[0]] == ([10] * 10 + [3]) * 2
     for k in range(2):
-        for epoch in (batches[:11], batches[11:]):
-            assert sorted(torch.cat([idx[k] for idx, _ in epoch]).tolist()) == list(range(n))
-    assert not torch.equal(batches[0][0][0], batches[11][0][0])
+        for epoch in (rows[k][:11], rows[k][11:]):
+            assert sorted(torch.cat(epoch).tolist()) == list(range(n))
+    assert not torch.equal(torch.sort(rows[0][0]).values, torch.sort(rows[0][11]).values)
+    assert not torch.equal(torch.sort(rows[0][0]).values, torch.sort(rows[1][0]).values)
+
+
+def test_shuffle_permutations_are_uniform():
+    """Each run's epoch permutation: every row equally likely at every position (chi-square
+    over 2,000 permutations of 5 rows: 25 cells), independent across epochs and runs."""
+    n, runs = 5, 400
+    cfg = D.DPSGDConfig(epochs=5, batch_size=1, lr=0.1, clip=1.0, noise_multiplier=1.0)
+    batches = D.sampling.Batches(cfg, n, philox.keys(range(runs), "cpu"), False, torch.float32)
+    perms = torch.cat([torch.stack([batches.step(e * n + s)[0][:, 0] for s in range(n)], 1)
+                       for e in range(5)])  # (runs * epochs, n)
+    table = torch.zeros(n, n)
+    for pos in range(n):
+        table[pos] = torch.bincount(perms[:, pos], minlength=n)
+    assert stats.chisquare(table.reshape(-1).numpy()).pvalue > 1e-4
+    ids = (perms * torch.tensor([1, 5, 25, 125, 625])).sum(1)  # all 120 orders occur
+    assert len(set(ids.tolist())) == 120
 
 
 @pytest.mark.parametrize("arch,sampling", [("lr", "shuffle"), ("fnn", "poisson")])
@@ -587,7 +631,7 @@ def _columns(arch, sampling):
 
 
 @pytest.mark.parametrize("sampling", ["shuffle", "poisson"])
-@pytest.mark.parametrize("arch", ["lr", "fnn"])
+@pytest.mark.parametrize("arch", ["lr", "lr2", "fnn"])
 def test_columns_are_the_models_each_config_trains_alone(arch, sampling):
     """One wide call of four columns (clips, noise, Glorot scales and the fixed init mixed)
     gives, column by column, the models a call with that column's config alone trains."""
@@ -630,46 +674,56 @@ def test_seeds_per_call_and_step_bytes():
     assert D.seeds_per_call(model, 6000, cfg, 1, "cpu") == 128
     assert D.seeds_per_call(model, 6000, cfg, 72, "cpu") == 2
     assert D.seeds_per_call(model, 6000, cfg, 1, "cpu", limit=10) == 10
-    # noise chunk (72 steps x P floats) + sampling (3 epochs of float64 keys and int64
-    # indices) + weights + the step's activations: grows by ~P*8 + activations per column
+    # A step's noise draw (24 bytes per parameter unfused) + an epoch's permutation (keys,
+    # argsort, ranks: 56 bytes per row) + weights + the gathered batch (b = 250 rows of
+    # indices and features) with its activations: grows by ~P*8 + activations per column
+    P = model.n_params
     one, many = (D.step_bytes(model, 6000, cfg, m) for m in (1, 72))
-    assert one == 4 * 72 * model.n_params + 16 * 3 * 6000 + 8 * model.n_params \
-        + 4 * 250 * (784 + 6 * 34)
-    assert many - one == 71 * (8 * model.n_params + 4 * 250 * 6 * 34)
+    assert not D.sampling.shares_data(model, cfg, 6000, 1)
+    assert one == 24 * P + 56 * 6000 + 8 * P + 250 * (8 + 4 * (784 + 6 * 34))
+    assert many - one == 71 * (8 * P + 4 * 250 * 6 * 34)
+    # Full batches share the data: no draw, every row's activations and weights
+    full = D.DPSGDConfig(epochs=24, batch_size=6000, lr=0.15, clip=1.0, noise_multiplier=1.0)
+    assert D.step_bytes(model, 6000, full, 1) == 24 * P + 8 * P + 6000 * 4 * (1 + 6 * 34)
 
 
-def test_seeds_per_call_shares_half_the_card_between_its_jobs(monkeypatch):
-    """CUDA: half the card's memory split between jobs_per_gpu jobs, at most 90% of what is
-    free, by step_bytes; the CPU ignores the sharing."""
+def test_seeds_per_call_shares_half_the_card_between_its_jobs():
+    """CUDA (a forced H100 description, on the CPU): half the card's memory split between
+    jobs_per_gpu jobs, at most 90% of what is free, by step_bytes; the CPU ignores the
+    sharing."""
     model = D.ModelSpec("fnn", 784, hidden=32)
     cfg = D.DPSGDConfig(epochs=24, batch_size=250, lr=0.15, clip=1.0, noise_multiplier=1.0)
     per_seed = D.step_bytes(model, 6000, cfg, 6)
-    free = {"now": 80 * 2**30}
-    monkeypatch.setattr(D.memory, "resolve", lambda device: torch.device("cuda", 0))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (free["now"], 80 * 2**30))
-    for jobs in (1, 2, 4):
-        want = 40 * 2**30 // jobs // per_seed
-        assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 10**6, jobs) == want
-    assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 100, 4) == 100
-    free["now"] = 2**30  # other processes hold the rest: 90% of the free memory
-    assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 10**6, 1) == int(0.9 * 2**30) // per_seed
+    with device.forced_gpu(_h100()):
+        for jobs in (1, 2, 4):
+            want = 40 * 2**30 // jobs // per_seed
+            assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 10**6, jobs) == want
+        assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 100, 4) == 100
+    with device.forced_gpu(_h100(free=2**30)):  # other processes hold the rest: 90% of it
+        assert D.seeds_per_call(model, 6000, cfg, 6, "cuda", 10**6, 1) == \
+            int(0.9 * 2**30) // per_seed
+    assert D.seeds_per_call(model, 6000, cfg, 6, "cpu", 10**6, 4) == math.ceil(128 / 6)
     with pytest.raises(ValueError, match="jobs_per_gpu=0: must be an integer >= 1"):
         D.seeds_per_call(model, 6000, cfg, 6, "cpu", jobs_per_gpu=0)
 
 
-def test_seeds_per_block_does_not_follow_the_free_memory(monkeypatch):
+def test_seeds_per_block_does_not_follow_the_free_memory():
     """A kept block's size fixes the store's layout: on the CPU one call's worth, on CUDA
-    GPU_BLOCK whatever is free (a call's width there follows the free memory)."""
+    (a forced H100 description) GPU_BLOCK whatever is free, though a call's width there
+    follows the free memory."""
     model = D.ModelSpec("fnn", 784, hidden=32)
     cfg = D.DPSGDConfig(epochs=24, batch_size=250, lr=0.15, clip=1.0, noise_multiplier=1.0)
     for columns, limit in ((1, 4096), (2, 4096), (72, 4096), (1, 10)):
         assert D.seeds_per_block(columns, "cpu", limit) == \
             D.seeds_per_call(model, 6000, cfg, columns, "cpu", limit)
-    monkeypatch.setattr(D.memory, "resolve", lambda device: torch.device("cuda", 0))
+    widths = []
     for free in (80 * 2**30, 2**20):
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev, f=free: (f, 80 * 2**30))
-        assert D.seeds_per_block(1, "cuda", 10**6) == D.memory.GPU_BLOCK == 1024
-        assert D.seeds_per_block(2, "cuda", 300) == 300
+        with device.forced_gpu(_h100(free)):
+            assert D.seeds_per_block(1, "cuda", 10**6) == D.memory.GPU_BLOCK == 1024
+            assert D.seeds_per_block(2, "cuda", 300) == 300
+            widths.append(D.seeds_per_call(model, 6000, cfg, 1, "cuda", 10**6))
+    per_seed = D.step_bytes(model, 6000, cfg, 1)
+    assert widths == [40 * 2**30 // per_seed, max(1, int(0.9 * 2**20) // per_seed)]
 
 
 def _tf32_round(t: torch.Tensor, mode: str) -> torch.Tensor:
@@ -682,7 +736,7 @@ def _tf32_round(t: torch.Tensor, mode: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("mode", ["zero", "nearest"])
-def test_tf32_clip_margin_keeps_every_examples_contribution_within_the_clip(monkeypatch, mode):
+def test_tf32_clip_margin_keeps_every_examples_contribution_within_the_clip(mode):
     """The wide step's clip-and-sum with TF32 products, simulated in float64: each layer's
     weight part of example i is (round a_i) (round c_i g_i)^T, its bias part c_i g_i in
     float32. Clipping to C, some examples add more than C (inputs on a rounding tie are
@@ -715,18 +769,19 @@ def test_tf32_clip_margin_keeps_every_examples_contribution_within_the_clip(monk
         assert float((c < 1).float().mean()) > 0.3  # many clipped: each of them adds ~C
         return float(total.sqrt().max())
 
-    monkeypatch.setattr(D.precision, "_tf32", lambda dev: True)
-    margin = D.precision._clip_scale(cpu)
+    with device.forced_gpu(_h100()), D.matmul_precision("tf32"):  # TF32's branch, on the CPU
+        margin = D.precision._clip_scale(cpu)
     assert margin == (1 + 2.0 ** -10) ** -2
     assert largest(C * margin) <= C * (1 + 1e-6)  # float32 rounding of the norms only
     if mode == "nearest":
         assert largest(C) > C * (1 + 2.0 ** -12)
 
 
-def test_matmul_precision_scope_margin_and_refusals(monkeypatch):
+def test_matmul_precision_scope_margin_and_refusals():
     """matmul_precision names one of fp32/tf32 and is restored on exit; the CPU has no TF32
-    (the same models as fp32); where TF32 is on, the trainer clips to C / (1 + 2^-10)^2
-    with the noise of C unchanged, and refuses gradient canaries."""
+    (the same models as fp32); where TF32 is on (a forced H100 description: its branch on
+    the CPU), the trainer clips to C / (1 + 2^-10)^2 with the noise of C unchanged, and
+    refuses gradient canaries."""
     X, y, model, cfg = _noisy_problem("shuffle")
     with pytest.raises(ValueError, match=r"matmul_precision='bf16': must be one of \('fp32',"):
         with D.matmul_precision("bf16"):
@@ -738,16 +793,125 @@ def test_matmul_precision_scope_margin_and_refusals(monkeypatch):
         same = D.train(X, y, model, cfg, [1, 2], device="cpu")
     assert D.precision._PRECISION.get() == "fp32"
     assert all(torch.equal(a, b) for a, b in zip(_tensors(fp32), _tensors(same)))
-    monkeypatch.setattr(D.precision, "_tf32", lambda dev: True)  # as on CUDA under TF32
-    tf32 = D.train(X, y, model, cfg, [1, 2], device="cpu")
+    with device.forced_gpu(_h100()), D.matmul_precision("tf32"):  # as on CUDA under TF32
+        assert D.precision._tf32(torch.device("cpu"))
+        tf32 = D.train(X, y, model, cfg, [1, 2], device="cuda")
+        dirs = D.dirac_canaries(model, 2, cfg.clip, 0, device="cuda")
+        with pytest.raises(ValueError, match=r"canaries: train with matmul_precision\('fp32'\)"):
+            D.train(X, y, model, cfg, [1], device="cuda",
+                    canaries=D.GradientCanaries(dirs, torch.ones(1, 2, dtype=torch.bool)))
+    # fp32 at the lowered clip with C's noise, drawn as the forced GPU draws (fused)
     lower = D.DPSGDConfig(**{**vars(cfg), "clip": cfg.clip * (1 + 2.0 ** -10) ** -2})
-    monkeypatch.setattr(D.precision, "_tf32", lambda dev: False)
-    want = D.train_with_noise_std(X, y, model, lower, [1, 2], cfg.noise_multiplier * cfg.clip,
-                                  device="cpu")
+    with device.forced_gpu(_h100()):
+        want = D.train_with_noise_std(X, y, model, lower, [1, 2],
+                                      cfg.noise_multiplier * cfg.clip, device="cuda")
     assert all(torch.equal(a, b) for a, b in zip(_tensors(tf32), _tensors(want)))
     assert not torch.equal(_flat(tf32, 0), _flat(fp32, 0))
-    monkeypatch.setattr(D.precision, "_tf32", lambda dev: True)
-    dirs = D.dirac_canaries(model, 2, cfg.clip, 0, device="cpu")
-    with pytest.raises(ValueError, match=r"canaries: train with matmul_precision\('fp32'\)"):
-        D.train(X, y, model, cfg, [1], device="cpu",
-                canaries=D.GradientCanaries(dirs, torch.ones(1, 2, dtype=torch.bool)))
+
+
+# --- Shared data, constant work per step ----------------------------------------------------
+
+def _forced_data(monkeypatch, shared: bool) -> None:
+    monkeypatch.setattr(D.sampling, "shares_data", lambda *args: shared)
+
+
+@pytest.mark.parametrize("sampling", ["shuffle", "poisson", "full"])
+@pytest.mark.parametrize("arch", ["lr", "lr2", "fnn"])
+def test_shared_step_equals_the_gathered_step(arch, sampling, monkeypatch):
+    """Every row computed once for all runs, each run's batch as 0/1 weights on its clip
+    factors: the models the gathered batches train (same seeds: same batches and noise),
+    every column, to float64 rounding; with gradient canaries, the same scores."""
+    X, y, model, init, cols = _columns(arch, "shuffle" if sampling == "full" else sampling)
+    if sampling == "full":
+        cols = [D.DPSGDConfig(**{**vars(c), "batch_size": len(X)}) for c in cols]
+    seeds = [3, 11, 12]
+    dirs = D.dirac_canaries(model, 4, cols[0].clip, 0, dtype=F64, device="cpu")
+    canaries = D.GradientCanaries(dirs, torch.tensor([[True, False, True, True]] * 3),
+                                  rate=0.5)
+    got = {}
+    for shared in (False, True):
+        _forced_data(monkeypatch, shared)
+        got[shared] = (D.train(X, y, model, cols, seeds, init=init, device="cpu"),
+                       D.train(X, y, model, cols[0], seeds, device="cpu", canaries=canaries))
+    for a, b in zip(got[False][0], got[True][0]):
+        torch.testing.assert_close(D.flatten(a), D.flatten(b), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(D.flatten(got[False][1].params), D.flatten(got[True][1].params),
+                               rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got[False][1].scores, got[True][1].scores, rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(D.flatten(got[True][0][0]), D.flatten(got[True][0][2]))
+
+
+def test_the_cost_rule_shares_the_data_where_the_copy_costs_more():
+    """n F <= b (F + 8 bytes x 8 d): full batches and Tramer et al.'s audit (n = 501, b =
+    100, 784 -> 2, two subjects as columns) share; the Jagielski grid (n = 6000, b = 250,
+    784 -> 32 -> 2) gathers, one column or 72."""
+    lr, fnn = D.ModelSpec("lr", 784), D.ModelSpec("fnn", 784, hidden=32)
+    F = D.sampling.step_flops(lr, 2)
+    assert F == 2 * 4 * 785 * 2
+    assert D.sampling.step_flops(fnn, 1) == 4 * 785 * 32 + 6 * 33 * 2
+    tramer = D.DPSGDConfig(20, 100, 50.0, 0.1, 1.0, "poisson")
+    rate = D.sampling.FLOPS_PER_BYTE
+    largest = int(100 * (F + rate * 8 * 784) / F)  # the most rows that still share
+    assert 501 <= largest < 2000
+    assert D.sampling.shares_data(lr, tramer, 501, 2)
+    assert D.sampling.shares_data(lr, tramer, largest, 2)
+    assert not D.sampling.shares_data(lr, tramer, largest + 1, 2)
+    grid = D.DPSGDConfig(24, 250, 0.15, 1.0, 1.0)
+    for columns in (1, 72):
+        assert not D.sampling.shares_data(fnn, grid, 6000, columns)
+    full = D.DPSGDConfig(100, 1000, 0.1, 1.0, 1.0)
+    assert D.sampling.shares_data(fnn, full, 1000, 2) and D.sampling.full_batch(full, 1000)
+
+
+#: torch operations that launch no computation: allocations and views.
+_NO_KERNEL = {"empty", "empty_like", "empty_strided", "view", "reshape", "_reshape_alias",
+              "as_strided", "expand", "select", "slice", "transpose", "unsqueeze", "squeeze",
+              "t", "permute", "detach", "alias", "unflatten", "flatten", "_unsafe_view",
+              "lift_fresh", "resolve_conj", "resolve_neg", "numpy_T", "split", "narrow"}
+
+
+def _ops_per_call(X, y, model, cfg, K, canaries=False):
+    """aten operations that compute, launched by one training call of K seeds
+    (torch.profiler; allocations and views left out)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kw = {}
+    if canaries:
+        dirs = D.dirac_canaries(model, 3, cfg.clip, 0, device="cpu")
+        kw["canaries"] = D.GradientCanaries(dirs, torch.ones(K, 3, dtype=torch.bool))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        D.train(X, y, model, cfg, list(range(K)), device="cpu", **kw)
+    return sum(1 for e in prof.events()
+               if e.name.startswith("aten::") and e.name[6:] not in _NO_KERNEL)
+
+
+@pytest.mark.parametrize("sampling,batch", [("poisson", 10), ("shuffle", 10), ("shuffle", 60)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_operations_per_call_do_not_depend_on_the_runs(sampling, batch, shared, monkeypatch):
+    """No loop over runs: the same operations are launched for 1 or 16 runs (noise,
+    batches, canaries, the step), whichever form the step takes."""
+    _forced_data(monkeypatch, shared)
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(60, 5, generator=g), torch.randint(0, 2, (60,), generator=g)
+    model = D.ModelSpec("fnn", 5, hidden=4)
+    cfg = D.DPSGDConfig(epochs=2, batch_size=batch, lr=0.1, clip=1.0, noise_multiplier=1.0,
+                        sampling=sampling)
+    for canaries in (False, True):
+        counts = {K: _ops_per_call(X, y, model, cfg, K, canaries) for K in (1, 16)}
+        assert len(set(counts.values())) == 1, counts
+
+
+def test_a_shared_step_run_beside_others_is_the_run_alone_to_float_rounding():
+    """Data shared by all runs: one product over the call's runs, which the BLAS blocks by
+    its size, so the runs beside a run change its bits (784 features), not its model: the
+    same to float rounding over 20 steps, whatever the others and their order."""
+    g = torch.Generator().manual_seed(7)
+    X, y = torch.rand(300, 784, generator=g), torch.randint(0, 2, (300,), generator=g)
+    model = D.ModelSpec("lr", 784)
+    cfg = D.DPSGDConfig(20, 60, 0.5, 1.0, 1.0, "poisson")
+    assert D.sampling.shares_data(model, cfg, 300, 1)
+    alone = D.train(X, y, model, cfg, [7], device="cpu")
+    for seeds, k in (([1, 2, 7, 3, 4], 2), ([7] + list(range(100, 130)), 0)):
+        beside = D.train(X, y, model, cfg, seeds, device="cpu")
+        torch.testing.assert_close(D.flatten(beside)[k], D.flatten(alone)[0], rtol=1e-5,
+                                   atol=1e-6)

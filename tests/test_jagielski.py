@@ -176,12 +176,15 @@ def test_run_group_is_bit_identical_whatever_the_calls_and_blocks(tmp_path, monk
     """Calls of any size, spanning blocks or splitting them, train the same models bit for
     bit with shuffle sampling (each model's draws and products are its own), and write the
     same kept blocks byte for byte; Poisson calls never span two blocks (padding to the
-    call's largest batch changes the summation order), and the device's memory sets K."""
+    call's largest batch changes the summation order), nor do calls on shared data (one
+    product for all models, whose kernel a GPU may pick by its size), and the device's
+    memory sets K."""
     task = _task(np.random.default_rng(5))
     model = dpsgd.ModelSpec("fnn", 6, hidden=4)
     cfgs = _group_cfgs()
     kw = dict(ks=[1], trials=7, seed=2, name=("toy", "fnn"), device="cpu", key={"k": 1})
     first = None
+    monkeypatch.setattr(dpsgd.sampling, "shares_data", lambda *args: False)  # gathered
     for block, per_call in ((7, None), (7, 2), (3, 7), (3, 5), (2, 1)):
         store = tmp_path / f"b{block}_k{per_call}"
         got = jagielski.run_group(task, "clipbkd", model, cfgs, block=block, per_call=per_call,
@@ -200,7 +203,16 @@ def test_run_group_is_bit_identical_whatever_the_calls_and_blocks(tmp_path, monk
     monkeypatch.setattr(dpsgd, "train", lambda X, y, m, c, seeds, **k: calls.append(
         len(seeds)) or real(X, y, m, c, seeds, **k))
     jagielski.run_group(task, "clipbkd", model, cfgs, block=3, **kw)  # K = 32/2 columns = 16
-    assert calls == [7, 7]  # one call per side: all its blocks
+    assert calls == [7, 7]  # gathered: one call per side, all its blocks
+    monkeypatch.undo()
+    monkeypatch.setattr(dpsgd, "train", lambda X, y, m, c, seeds, **k: calls.append(
+        len(seeds)) or real(X, y, m, c, seeds, **k))
+    calls.clear()
+    assert dpsgd.sampling.shares_data(model, cfgs["a"], 40, 2)  # 40 rows, batches of 10
+    shared = jagielski.run_group(task, "clipbkd", model, cfgs, block=3, **kw)
+    assert calls == [3, 3, 1] * 2  # shared data: one call per block
+    for c in cfgs:  # the same models, to float rounding (one product over the call's models)
+        pd.testing.assert_frame_equal(shared[c], first[c], check_exact=False, rtol=1e-5)
     poisson = {c: dpsgd.DPSGDConfig(**{**vars(v), "sampling": "poisson"}) for c, v in cfgs.items()}
     calls.clear()
     jagielski.run_group(task, "clipbkd", model, poisson, block=3, **kw)

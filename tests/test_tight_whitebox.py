@@ -157,7 +157,8 @@ def test_kept_runs_resume_an_interrupted_audit_and_a_damaged_block_is_retrained(
 
 def test_without_noise_only_the_dot_sum_row():
     X, y = _data(40)
-    cfg = dpsgd.DPSGDConfig(1, 10, 0.5, 1.0, 0.0, "poisson")
+    # 12 steps at q = 0.25: an "in" run's canary is sampled at least once w.p. 0.97
+    cfg = dpsgd.DPSGDConfig(3, 10, 0.5, 1.0, 0.0, "poisson")
     rows = whitebox.audit(X, y, dpsgd.ModelSpec("lr", X.shape[1]), cfg, 20, 0, ALPHA, DELTA,
                           device="cpu")
     assert [r["method"] for r in rows] == ["whitebox-dot-sum"]

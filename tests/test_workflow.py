@@ -177,20 +177,9 @@ def test_single_figure_target_end_to_end(tmp_path):
 def _fake_image_data(root: Path):
     """Tiny Fashion-MNIST (IDX files, torchvision's raw layout) and CIFAR-10 (ImageFolder
     PNG tree with all ten classes) in the real formats."""
-    import numpy as np
+    from fakedata import tiny_image_data
 
-    from fakedata import fake_fmnist, idx_bytes, write_tree
-
-    rng = np.random.default_rng(0)
-    raw = root / "FashionMNIST" / "raw"
-    raw.mkdir(parents=True)
-    arrays = fake_fmnist(rng, n_train=120, n_test=40)
-    arrays["train-labels-idx1-ubyte"] = (np.arange(120) % 3).astype(np.uint8)  # 80 of 0/1
-    for name, arr in arrays.items():
-        (raw / name).write_bytes(idx_bytes(arr))
-    from dpaudit.data import CIFAR10_CLASSES
-
-    write_tree(root, rng, classes=CIFAR10_CLASSES, per_class=18)
+    tiny_image_data(root)
 
 
 def _tiny_config(data: Path) -> dict:

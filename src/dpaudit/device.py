@@ -5,12 +5,31 @@
   fall back to the CPU in a job that was given a GPU (:func:`given_gpus`).
 - :func:`describe` is what provenance records about the device actually used.
 - :func:`deterministic` is the scope in which CUDA computations are bitwise reproducible.
+- :func:`is_gpu`, :func:`gpu_count` and :func:`memory_info` are what code asks instead
+  of ``dev.type == "cuda"``, ``torch.cuda.device_count`` and ``torch.cuda.mem_get_info``,
+  so that a *forced GPU description* (:class:`GpuDescription`) takes every GPU-only
+  branch on a machine without a GPU: GPUs are rarely at hand, and code run only there
+  went untested. Force one in process with :func:`forced_gpu`, or for subprocesses (a
+  benchmark, a CLI job, a workflow, the dry run of a GPU script) with
+  :data:`FORCE_GPU_VAR` holding the description's fields as a JSON object::
+
+      DPAUDIT_FORCE_GPU='{"name": "NVIDIA H100 80GB HBM3", "total_memory": 85899345920,
+                          "free_memory": 85899345920, "capability": "9.0", "sm_count": 132}'
+
+  (``count``, the cards, is optional: 1). While forced, ``cuda`` and ``auto`` resolve to
+  the CPU, where the work runs, the CPU counts as the described GPU (memory sizing, TF32's
+  clip margin, card claims, the workflow's GPU places), and :func:`describe` records
+  ``device: cpu`` with ``forced_gpu``, so that nothing trained in a dry run is restored as
+  GPU work.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +44,8 @@ LOCK_DIR = Path(tempfile.gettempdir()) / f"dpaudit-gpus-{os.getuid()}"
 #: Environment variables through which a job is handed GPUs: ``CUDA_VISIBLE_DEVICES``
 #: naming a device, SLURM's for ``--gpus``/``--gres=gpu`` (:func:`given_gpus`).
 GPU_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE")
-#: The keys of :func:`describe` that fix what a seed trains (random streams, kernels);
+#: The keys of :func:`describe` that fix what a seed trains bit for bit (the kernels that
+#: compute its products; its random draws are the same on every device);
 #: ``device`` also names the card's index, which does not.
 REPRODUCE_KEYS = ("gpu_name", "capability", "sm_count", "torch", "cuda")
 #: cuBLAS workspace setting that torch requires for deterministic CUDA matmuls.
@@ -33,6 +53,9 @@ CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 #: How many training jobs share one GPU (:func:`jobs_per_gpu`): the workflow sets it from
 #: the config's ``jobs_per_gpu`` for the jobs of a local run.
 JOBS_PER_GPU_VAR = "DPAUDIT_JOBS_PER_GPU"
+#: A :class:`GpuDescription` as a JSON object of its fields: the GPU that a process (and
+#: the processes it starts) takes every GPU-only branch for, on the CPU (:func:`forced`).
+FORCE_GPU_VAR = "DPAUDIT_FORCE_GPU"
 
 
 _FIX = ("make CUDA usable in this job (a CUDA build of torch, a working driver), or set "
@@ -47,6 +70,121 @@ class DeviceUnavailable(RuntimeError):
 _claimed: tuple[torch.device, IO | None] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuDescription:
+    """A GPU as the GPU-only branches see it, forced on the CPU (:func:`forced_gpu`,
+    :data:`FORCE_GPU_VAR`): its ``name`` (``torch.cuda.get_device_name``), memory in bytes
+    (``total_memory``, and ``free_memory`` as ``torch.cuda.mem_get_info`` would report it
+    now), compute ``capability`` (``"9.0"``), ``sm_count`` (multiprocessors) and how many
+    such cards torch would see (``count``). A field of the wrong type or range is a
+    ValueError naming it."""
+
+    name: str
+    total_memory: int
+    free_memory: int
+    capability: str
+    sm_count: int
+    count: int = 1
+
+    def __post_init__(self):
+        def whole(value):
+            return isinstance(value, int) and not isinstance(value, bool)
+        checks = (
+            ("name", isinstance(self.name, str) and self.name.strip() != "",
+             "a non-empty string"),
+            ("total_memory", whole(self.total_memory) and self.total_memory > 0,
+             "an integer > 0 (bytes)"),
+            ("free_memory", whole(self.free_memory) and whole(self.total_memory)
+             and 0 <= self.free_memory <= self.total_memory,
+             "an integer of bytes from 0 to total_memory"),
+            ("capability", isinstance(self.capability, str)
+             and re.fullmatch(r"\d+\.\d+", self.capability) is not None,
+             'a string "major.minor" such as "9.0"'),
+            ("sm_count", whole(self.sm_count) and self.sm_count >= 1, "an integer >= 1"),
+            ("count", whole(self.count) and self.count >= 1, "an integer >= 1"))
+        for field, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"GpuDescription {field}={getattr(self, field)!r}: must be "
+                                 f"{allowed}")
+
+
+#: The fields of :data:`FORCE_GPU_VAR`'s JSON object (``count`` may be left out).
+GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuDescription))
+# The description forced_gpu() holds; it takes precedence over FORCE_GPU_VAR.
+_forced: GpuDescription | None = None
+
+
+def forced() -> GpuDescription | None:
+    """The GPU description forced on this process: :func:`forced_gpu`'s within its scope,
+    else :data:`FORCE_GPU_VAR`'s (read on each call, so a test may set it), else None. A
+    variable that is not a JSON object of :data:`GPU_FIELDS` with valid values is a
+    ValueError naming it and the fields."""
+    if _forced is not None:
+        return _forced
+    text = os.environ.get(FORCE_GPU_VAR, "").strip()
+    if not text:
+        return None
+    try:
+        fields = json.loads(text)
+        if not isinstance(fields, dict):
+            raise ValueError("not a JSON object")
+        unknown = sorted(set(fields) - set(GPU_FIELDS))
+        missing = [f.name for f in dataclasses.fields(GpuDescription)
+                   if f.default is dataclasses.MISSING and f.name not in fields]
+        if unknown or missing:
+            raise ValueError(", ".join([f"unknown field(s) {unknown}"] * bool(unknown)
+                                       + [f"missing field(s) {missing}"] * bool(missing)))
+        return GpuDescription(**fields)
+    except ValueError as exc:  # json's decode errors are ValueErrors too
+        raise ValueError(f"{FORCE_GPU_VAR}={text!r}: {exc}; must be a JSON object with the "
+                         f"fields {list(GPU_FIELDS)} (count optional, default 1)") from None
+
+
+@contextmanager
+def forced_gpu(description: GpuDescription) -> Iterator[GpuDescription]:
+    """Within this scope the CPU stands for the GPU ``description`` (:func:`forced`), with
+    a card claim of its own (:func:`resolve`), released on exit; the previous description
+    and claim are restored."""
+    global _forced, _claimed
+    if not isinstance(description, GpuDescription):
+        raise TypeError(f"forced_gpu: a GpuDescription, not {type(description).__name__}")
+    saved = _forced, _claimed
+    _forced, _claimed = description, None
+    try:
+        yield description
+    finally:
+        if _claimed is not None and _claimed[1] is not None:
+            _claimed[1].close()
+        _forced, _claimed = saved
+
+
+def is_gpu(dev: str | torch.device) -> bool:
+    """Whether work on ``dev`` takes the GPU-only branches: a CUDA device, or the CPU while
+    a GPU description is forced (:func:`forced`)."""
+    kind = torch.device(dev).type
+    return kind == "cuda" or (kind == "cpu" and forced() is not None)
+
+
+def gpu_count() -> int:
+    """How many GPUs this process has: the forced description's ``count`` (:func:`forced`),
+    else ``torch.cuda.device_count()`` (0 without a usable CUDA)."""
+    desc = forced()
+    return torch.cuda.device_count() if desc is None else desc.count
+
+
+def memory_info(dev: str | torch.device) -> tuple[int, int]:
+    """``(free, total)`` bytes of the GPU ``dev``: ``torch.cuda.mem_get_info`` on a CUDA
+    device, the forced description's on the CPU (:func:`forced`). Any other device has no
+    GPU memory to report: a ValueError."""
+    if torch.device(dev).type == "cuda":
+        return torch.cuda.mem_get_info(dev)
+    desc = forced()
+    if desc is None or torch.device(dev).type != "cpu":
+        raise ValueError(f"memory_info({str(dev)!r}): not a GPU, and {FORCE_GPU_VAR} "
+                         "describes none")
+    return desc.free_memory, desc.total_memory
+
+
 def resolve(device: str | torch.device | None = None) -> torch.device:
     """``None`` or ``"auto"``: a GPU when torch sees one, else the CPU, except in a job that
     was given a GPU (:func:`given_gpus`), where a CPU fallback (~100x slower, holding the
@@ -59,10 +197,14 @@ def resolve(device: str | torch.device | None = None) -> torch.device:
     same one for the rest of the process. A CUDA result always has an index and is made
     the current device (``torch.cuda.set_device``), so that work placed on plain ``cuda``
     goes there too and no context opens on card 0. Any other name or ``torch.device`` as
-    given. Asking for CUDA where torch cannot use it is a :class:`DeviceUnavailable`."""
+    given. Asking for CUDA where torch cannot use it is a :class:`DeviceUnavailable`.
+    While a GPU description is forced (:func:`forced`), ``auto`` and ``cuda`` claim a card
+    of the description's ``count`` the same way (locks of their own: a dry run takes no
+    real card's place) and resolve to the CPU, where the work runs."""
     global _claimed
+    desc = forced()
     if device is None or device == "auto":
-        if not torch.cuda.is_available():
+        if desc is None and not torch.cuda.is_available():
             given = given_gpus()
             if given:
                 raise DeviceUnavailable(f"device='auto': this job was given a GPU "
@@ -72,19 +214,22 @@ def resolve(device: str | torch.device | None = None) -> torch.device:
     dev = torch.device(device)
     if dev.type != "cuda":
         return dev
-    if not torch.cuda.is_available():
+    if desc is None and not torch.cuda.is_available():
         given = given_gpus()
         where = f" (this job was given a GPU: {_show(given)})" if given else ""
         raise DeviceUnavailable(f"device={str(device)!r}: {_why_no_cuda()}{where}; {_FIX}")
-    n = torch.cuda.device_count()
+    n = gpu_count()
     if dev.index is None:
         if _claimed is None:
             _claimed = _claim(n)
         dev = _claimed[0]
     elif dev.index >= n:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        seen = (f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}"
+                if desc is None else f"{FORCE_GPU_VAR} count={desc.count}")
         raise DeviceUnavailable(f"device={str(device)!r}: torch sees {n} CUDA device(s) "
-                                f"here (CUDA_VISIBLE_DEVICES={visible})")
+                                f"here ({seen})")
+    if desc is not None:
+        return torch.device("cpu")
     torch.cuda.set_device(dev.index)
     return dev
 
@@ -93,11 +238,16 @@ def _claim(n: int) -> tuple[torch.device, IO | None]:
     """The card this process takes among ``n`` (see :func:`resolve`), with its lock."""
     if n == 1:
         return torch.device("cuda", 0), None
-    # Global names, so that jobs with different CUDA_VISIBLE_DEVICES agree (properties
-    # come from the driver: no context is opened).
-    names = [str(getattr(torch.cuda.get_device_properties(i), "uuid", "")) for i in range(n)]
-    if len(set(names)) < n or "" in names:
-        names = [f"cuda{i}" for i in range(n)]
+    desc = forced()
+    if desc is not None:  # the description's cards, apart from any real card's claims
+        names = [f"forced{i}" for i in range(n)]
+    else:
+        # Global names, so that jobs with different CUDA_VISIBLE_DEVICES agree (properties
+        # come from the driver: no context is opened).
+        names = [str(getattr(torch.cuda.get_device_properties(i), "uuid", ""))
+                 for i in range(n)]
+        if len(set(names)) < n or "" in names:
+            names = [f"cuda{i}" for i in range(n)]
     # Each card has jobs_per_gpu() places, taken card after card: the first n jobs get a
     # card each, the next n a second place on each, and so on.
     share = jobs_per_gpu()
@@ -106,7 +256,7 @@ def _claim(n: int) -> tuple[torch.device, IO | None]:
     if lock is not None:
         return torch.device("cuda", slots.index(pick) % n), lock
     # Every card claimed: share the freest; without NVML spread processes by id.
-    free = nvml_free_memory(n)
+    free = nvml_free_memory(n) if desc is None else [desc.free_memory] * n
     index = os.getpid() % n if free is None else max(range(n), key=free.__getitem__)
     return torch.device("cuda", index), None
 
@@ -208,15 +358,20 @@ def describe(device: str | torch.device | None = None) -> dict:
     for the rest of the process once claimed):
     ``device`` (``"cpu"``, ``"cuda:0"``), ``gpu_name`` (``"NVIDIA H100 80GB HBM3"``),
     ``capability`` (compute capability, ``"9.0"``) and ``sm_count`` (streaming
-    multiprocessors: the grid size of torch's random kernels depends on it, so it fixes
-    the CUDA random streams), all three ``None`` on the CPU; ``torch``
+    multiprocessors: the BLAS picks its kernels by the card, which round products
+    differently), all three ``None`` on the CPU; ``torch``
     (``torch.__version__``) and ``cuda`` (the CUDA version torch was built with, ``None``
     for a CPU-only build). A restore should match on :data:`REPRODUCE_KEYS`. Reads the
-    card's properties from the driver: no context opens on any other card."""
+    card's properties from the driver: no context opens on any other card. While a GPU
+    description is forced (:func:`forced`) the work ran on the CPU: ``device`` is
+    ``"cpu"``, the GPU fields ``None``, and ``forced_gpu`` names the description."""
     dev = resolve(device)
     info = {"device": str(dev), "gpu_name": None, "capability": None, "sm_count": None,
             "torch": torch.__version__, "cuda": torch.version.cuda or None}
-    if dev.type == "cuda":
+    desc = forced()
+    if desc is not None:
+        info["forced_gpu"] = desc.name
+    elif dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev.index)
         info.update(gpu_name=props.name,
                     capability=f"{props.major}.{props.minor}",
@@ -226,9 +381,11 @@ def describe(device: str | torch.device | None = None) -> dict:
 
 def reproduce_key(device: str | torch.device | None = None) -> dict:
     """The :data:`REPRODUCE_KEYS` of :func:`describe`: what a restore key records of the
-    device, so that results trained on another kind of device are trained again."""
+    device, so that results trained on another kind of device are trained again; with
+    ``forced_gpu`` while a description is forced, so that a dry run's results match
+    neither a real CPU's key nor a real GPU's (and keys without forcing are unchanged)."""
     info = describe(device)
-    return {k: info[k] for k in REPRODUCE_KEYS}
+    return {k: info[k] for k in (*REPRODUCE_KEYS, "forced_gpu") if k in info}
 
 
 @contextmanager
@@ -241,8 +398,8 @@ def deterministic(dev: str | torch.device) -> Iterator[None]:
     One thing cannot be: torch reads the cuBLAS workspace size once per process, at the
     first cuBLAS call, so enter this scope before any CUDA matmul (as the task's
     pretraining does) for the same workspace on every run. On the CPU (already
-    deterministic) a no-op."""
-    if torch.device(dev).type != "cuda":
+    deterministic) a no-op, unless a GPU description is forced (:func:`is_gpu`)."""
+    if not is_gpu(dev):
         yield
         return
     saved = (torch.are_deterministic_algorithms_enabled(),
@@ -288,5 +445,7 @@ def claim_first(names: Sequence[str], lock_dir: Path) -> tuple[str, IO | None]:
 
 
 __all__ = ["DEVICES", "LOCK_DIR", "GPU_VARS", "REPRODUCE_KEYS", "JOBS_PER_GPU_VAR",
-           "DeviceUnavailable", "resolve", "jobs_per_gpu", "given_gpus", "nvml_free_memory",
-           "describe", "reproduce_key", "deterministic", "claim_first"]
+           "FORCE_GPU_VAR", "GPU_FIELDS", "DeviceUnavailable", "GpuDescription", "forced",
+           "forced_gpu", "is_gpu", "gpu_count", "memory_info", "resolve", "jobs_per_gpu",
+           "given_gpus", "nvml_free_memory", "describe", "reproduce_key", "deterministic",
+           "claim_first"]

@@ -8,7 +8,7 @@ import shutil
 import sys
 import sysconfig
 
-import torch
+from dpaudit.device import gpu_count
 
 
 # Every rule file appends the figures (PDF; a PNG is written beside each) it renders, and
@@ -48,10 +48,11 @@ os.environ.update(
 )
 
 # Training asks for a GPU wherever the run has GPUs: `jobs_per_gpu` places on each GPU
-# torch sees here, or a limit set with `--resources gpu=N` (at most N training jobs at
-# once).  A cluster profile sets that limit, since the executor is not known yet when this
-# file is read and the submitting host often has no GPU: profiles/slurm a large one
-# (each SLURM job gets a GPU of its own), profiles/slurm-cpu 0.  Without GPUs the training
+# torch sees here (or DPAUDIT_FORCE_GPU describes: a dry run on the CPU,
+# dpaudit.device.gpu_count), or a limit set with `--resources gpu=N` (at most N training
+# jobs at once).  A cluster profile sets that limit, since the executor is not known yet
+# when this file is read and the submitting host often has no GPU: profiles/slurm a large
+# one (each SLURM job gets a GPU of its own), profiles/slurm-cpu 0.  Without GPUs the training
 # jobs run as CPU jobs, as many at once as the cores allow.  Jobs of a local run learn
 # how many share their card from DPAUDIT_JOBS_PER_GPU (dpaudit.device.jobs_per_gpu).
 # A cluster job runs this file again in its own Snakemake (`--mode remote`, inside it a
@@ -61,12 +62,12 @@ os.environ.update(
 # is not set (a site that shards GPUs exports it itself: docs/scale.md, SLURM).
 RUN_GPUS_VAR = "DPAUDIT_RUN_HAS_GPUS"
 if workflow.remote_exec:
-    GPU_PER_JOB = int(os.environ.get(RUN_GPUS_VAR) or torch.cuda.device_count() > 0)
+    GPU_PER_JOB = int(os.environ.get(RUN_GPUS_VAR) or gpu_count() > 0)
     if "gpu" not in workflow.global_resources:
         workflow.register_resource("gpu", GPU_PER_JOB)
 else:
     if "gpu" not in workflow.global_resources:
-        workflow.register_resource("gpu", torch.cuda.device_count() * config["jobs_per_gpu"])
+        workflow.register_resource("gpu", gpu_count() * config["jobs_per_gpu"])
     GPU_PER_JOB = 1 if workflow.global_resources["gpu"].value else 0
     os.environ[RUN_GPUS_VAR] = str(GPU_PER_JOB)
 

@@ -112,7 +112,7 @@ def _train_group(args) -> None:
     import torch
 
     from .. import dpsgd, features
-    from ..device import describe, jobs_per_gpu, reproduce_key
+    from ..device import describe, is_gpu, jobs_per_gpu, reproduce_key
     from ..experiments import jagielski
     from ..io import array_digest, write_table
 
@@ -135,9 +135,10 @@ def _train_group(args) -> None:
             raise SpecError(f"{args.init_file} holds {saved}, not {model}")
         init_sha = init.digest()
     device = resolve(args.device)
-    # The precision the products are computed in: TF32 exists on CUDA only.
+    # The precision the trainer ran in: TF32 exists on CUDA only (under a forced GPU
+    # description its branch, the lowered clip, with float32 products; forced_gpu says so).
     where = {**describe(device), "matmul_precision": spec["matmul_precision"]
-             if device.type == "cuda" else "fp32"}
+             if is_gpu(device) else "fp32"}
     # What every cell of a kept block shares; a block trained elsewhere (another device
     # kind or GPU model, torch version, trainer code) is trained again, so that a seed
     # gives the same model in every cell of a result.
@@ -157,7 +158,9 @@ def _train_group(args) -> None:
                      "n": len(task.X), "steps": cfgs[cid].steps(len(task.X))}
     log(f"{args.dataset}/{args.arch}/{args.attack}: {len(cells)} cells, {spec['trials']} "
         f"trials per side, blocks of {args.block_trials}, on {where['device']}"
-        + (f" ({where['gpu_name']})" if where.get("gpu_name") else ""))
+        + (f" ({where['gpu_name']})" if where.get("gpu_name") else "")
+        + (f" (forced GPU description: {where['forced_gpu']})" if "forced_gpu" in where
+           else ""))
     kept_models: dict = {}
 
     def keep(side, start, trained):  # the first --save-models models of each side and cell

@@ -223,7 +223,7 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     loss_table = pd.concat(losses, ignore_index=True)
     loss_table = loss_table[["implementation"] + [c for c in loss_table if c != "implementation"]]
     # The device dpaudit's trainer used for the registry subjects: with CUDA the same seeds
-    # draw other random streams than on the CPU.
+    # draw the same numbers as on the CPU, but the products round differently.
     if devices:
         provenance = {**provenance, "device": next(iter(devices.values())) if len(
             {d["device"] for d in devices.values()}) == 1 else devices}

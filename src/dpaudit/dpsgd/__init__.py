@@ -3,10 +3,11 @@
 One concept per module:
 
 - :mod:`.model`              the models: architecture, hyper-parameters, weights and their
-                             flat layout, seeded random streams and initialisation, files
+                             flat layout, seeded initialisation, files
+- :mod:`.philox`             the counter-based generator of every random draw (Philox-4x32-10)
 - :mod:`.wide`               the wide step's forward and backward passes and per-example
                              gradient norms; logits, losses and gradient norms of models
-- :mod:`.sampling`           batch sampling, epoch ends, per-model draws
+- :mod:`.sampling`           each step's batches, epoch ends, shared data or gathered batches
 - :mod:`.precision`          float32 matmul precision (fp32 or TF32) and the TF32 clip margin
 - :mod:`.gradient_canaries`  gradient canaries of white-box one-run audits and their scores
 - :mod:`.training`           the DP-SGD update: :func:`train`, :func:`train_with_noise_std`

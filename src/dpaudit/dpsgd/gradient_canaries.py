@@ -28,9 +28,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from . import philox
 from ..device import resolve
-from .model import _CANARY, ModelSpec, Params, _generator, _noise_views, _tensors, flatten
-from .sampling import _each_model
+from .model import ModelSpec, Params, _noise_views, _tensors, flatten
 
 
 def last_iterate_scores(theta0: Params, thetaT: Params, directions: torch.Tensor) -> torch.Tensor:
@@ -38,9 +38,9 @@ def last_iterate_scores(theta0: Params, thetaT: Params, directions: torch.Tensor
 
     ``theta0`` of K models or of one (the shared "fixed" init), ``thetaT`` of K models,
     ``directions`` (m, P) as in :class:`GradientCanaries`. For the "glorot" init, theta_0 of
-    the models trained with ``seeds`` is ``init_params(model, K, seeds, cfg.init_scale,
-    device=<the training device>)``: the generators are device-specific, so an init drawn on
-    another device is another init (mixing devices here raises torch's device error).
+    the models trained with ``seeds`` is ``init_params(model, K, seeds, cfg.init_scale)``
+    (on any device: the draws do not depend on it; mixing devices here raises torch's
+    device error).
     """
     step = flatten(theta0).double() - flatten(thetaT).double()
     return step @ directions.to(step.device, torch.float64).T
@@ -93,9 +93,9 @@ class GradientCanaries:
     (the k-th seed of the trainer) iff included[k, j]. rate: the probability with which an
     included canary is added at each step, independently across steps, canaries and models;
     None = the data's rate q = batch_size / n. The sampling draws come from each model's own
-    canary stream and do not depend on ``included`` or ``rate`` (a run with a canary in and
-    one with it out are paired: u[k, t, j] < rate decides at every step).
-    Extra memory: the directions on the device, and (K, chunk_steps, m) bytes of draws.
+    canary stream and do not depend on ``included`` (a run with a canary in and one with it
+    out are paired: word j of step t below rate 2^32 decides at every step).
+    Extra memory: the directions on the device, and a step's (K, m) draws.
     """
 
     directions: torch.Tensor
@@ -157,17 +157,18 @@ class CanaryRun(NamedTuple):
 
 
 class _CanaryHook:
-    """The trainer's canary work: per chunk one draw per model; per step the sampled sum
+    """The trainer's canary work: per step one draw for all models, the sampled sum
     (K, m) x (m, P) added to the update, and the score update (K, P) x (P, m) of the step.
     Dirac canaries (one nonzero per row) take an index_add and a gather instead."""
 
-    def __init__(self, canaries: GradientCanaries, rate: float, states, params: Params, dev,
-                 dtype, step_size: float, noise_std: float, clip: float):
+    def __init__(self, canaries: GradientCanaries, rate: float, key: torch.Tensor,
+                 params: Params, dev, dtype, step_size: float, noise_std: float, clip: float,
+                 fused: bool = False):
         d = canaries.directions.to(dev)
         K, (m, P) = params.K, d.shape
-        self.K, self.m, self.rate, self.dev, self.dtype = K, m, float(rate), dev, dtype
+        self.K, self.m, self.rate, self.key, self.dtype = K, m, float(rate), key, dtype
+        self.fused = fused
         self.included = canaries.included.to(dev)
-        self.gens = [_generator(None, _CANARY, dev, st) for st in states]
         self.scores = torch.zeros(K, m, device=dev, dtype=torch.float64)
         # Per-step likelihood ratio: z = <step, g> / (step_size noise_std C) is N(0, 1) from
         # the noise plus mu = C / noise_std when the canary was added (data ignored).
@@ -189,20 +190,11 @@ class _CanaryHook:
             self.dirs = d.to(dtype)
             self.prev, self.step = self.flat.clone(), torch.empty_like(self.flat)
 
-    def draw(self, S: int) -> None:
-        """Which included canaries are sampled at each of the next S steps, (K, S, m) bool."""
-        self.sampled = torch.empty(self.K, S, self.m, device=self.dev, dtype=torch.bool)
-
-        def fill(k):
-            u = torch.rand(S, self.m, generator=self.gens[k], device=self.dev)
-            torch.lt(u, self.rate, out=self.sampled[k])
-
-        _each_model(fill, self.K, self.dev)
-        self.sampled &= self.included.unsqueeze(1)
-
-    def add(self, params: Params, s: int, step_size: float) -> None:
-        """theta -= step_size * (sum of the canaries sampled at step s of the chunk)."""
-        hit = self.sampled[:, s].to(self.dtype)  # (K, m)
+    def add(self, params: Params, t: int, step_size: float) -> None:
+        """theta -= step_size * (sum of the included canaries sampled at step t)."""
+        hit = philox.draw("bernoulli", self.key, philox.CANARY, t, self.m, self.rate,
+                          fused=self.fused)
+        hit = hit.logical_and_(self.included).to(self.dtype)  # (K, m)
         if self.dirs is None:
             self.csum.zero_().index_add_(1, self.coords, hit.mul_(self.values_dt))
         else:

@@ -1,14 +1,13 @@
 """The models DP-SGD trains: architecture (:class:`ModelSpec`), hyper-parameters
 (:class:`DPSGDConfig`), weights (:class:`Params`) and their flat layout, the seeded
-per-model random streams, the seeded initialisation, saving and loading.
+initialisation, saving and loading.
 
-Randomness. Model k's randomness depends only on its seed ``seeds[k]``: four independent
-generators (initialisation, batch sampling, noise, canary sampling) are derived from it by
-``numpy.random.SeedSequence(seed).spawn`` (the first three children are the same whether
-three or four are spawned: the canary stream left every other draw unchanged). Random
-numbers are drawn per model in chunks of whole epochs, at least 64 steps (a size fixed by
-the config, not by K), so a model's result does not depend on which other models are trained
-beside it, and the batches of a given seed are the same for every noise level and
+Randomness. Model k's randomness depends only on its seed ``seeds[k]``: it is the Philox
+key of every draw of that model (:mod:`dpaudit.dpsgd.philox`), and each draw a pure function of
+(seed, stream, step, index), with one stream each for the initialisation, the batches, the
+noise and the canaries (a new stream leaves the others unchanged). So a model's result
+does not depend on which other models are trained beside it, nor on the device (to float
+rounding), and the batches of a given seed are the same for every noise level and
 initialisation (paired comparisons).
 """
 
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import philox
 from ..device import resolve
 from ..io import BadInputFile, atomic_path, read_torch
 
@@ -30,9 +30,6 @@ INITS = ("glorot", "fixed")
 # Std of the standard normal truncated to [-2, 2] (scipy.stats.truncnorm(-2, 2).std()):
 # Keras' glorot_normal divides by it so that the truncated draw has variance 2/(in+out).
 _TRUNC2_STD = 0.87962566103423978
-# Stream indices of the per-model generators derived from a seed.
-_INIT, _BATCH, _NOISE, _CANARY = 0, 1, 2, 3
-_STREAMS = 4
 _MIN_CHUNK_STEPS = 64
 
 
@@ -127,12 +124,8 @@ class DPSGDConfig:
         return math.ceil(n / self.batch_size)
 
     def chunk_steps(self, n: int) -> int:
-        """Steps whose random numbers are drawn at once: whole epochs, at least 64 steps.
-
-        A function of the config only (not of K), so each model's draws are the same
-        whatever is trained beside it; large, so that the per-model generator calls (one
-        for the batches, one for the noise of a chunk) are few on a GPU.
-        """
+        """Steps between two progress reports of the trainer: whole epochs, at least 64
+        steps (a function of the config only)."""
         spe = self.steps_per_epoch(n)
         return spe * math.ceil(_MIN_CHUNK_STEPS / spe)
 
@@ -211,39 +204,24 @@ def _check_seed(seed) -> int:
     return int(seed)
 
 
-def _stream_states(seed) -> list[int]:
-    """The initial states of a seed's four streams (init, batches, noise, canaries): one
-    ``SeedSequence.spawn`` per seed, shared by every stream and column trained from it."""
-    children = np.random.SeedSequence(_check_seed(seed)).spawn(_STREAMS)
-    return [int(c.generate_state(1, np.uint64)[0]) for c in children]
-
-
-def _generator(seed: int, stream: int, device, states: list[int] | None = None) -> torch.Generator:
-    """Generator of one stream (init, batches, noise, canaries) derived from a model's seed
-    (``states``: the seed's :func:`_stream_states`, when already computed)."""
-    state = (states or _stream_states(seed))[stream]
-    return torch.Generator(device=device).manual_seed(state)
-
-
 # Phi(-2) and Phi(2) - Phi(-2), the standard normal's mass below -2 and within [-2, 2].
 _PHI_M2 = 0.022750131948179195
 _PHI_MASS = 0.9544997361036416
 
 
-def _glorot_draw(model: "ModelSpec", gen: torch.Generator, dev, dtype) -> list[torch.Tensor]:
-    """One model's Glorot-normal weights (scale 1), one generator call for all layers.
+def _glorot_draw(model: "ModelSpec", key: torch.Tensor, steps, dtype) -> list[torch.Tensor]:
+    """Glorot-normal weights (scale 1) of the runs of ``key`` ((K, 2), :func:`philox.keys`)
+    at init-stream steps ``steps`` (an int: (K, fan_in, fan_out) per layer; a tensor of S
+    steps of one key: (S, fan_in, fan_out)), one draw for all layers, on the key's device.
 
     Inverse CDF: u ~ U(0, 1), z = Phi^-1(Phi(-2) + u (Phi(2) - Phi(-2))) is exactly N(0, 1)
-    truncated to [-2, 2]. No device sync and no rejection loop (torch's trunc_normal_
-    rejects and resamples, syncing the device each round, and its algorithm changed
-    between torch versions, which would change every model's initialisation)."""
+    truncated to [-2, 2]; in float64 (no rejection loop, and no dependence on torch's
+    truncated-normal algorithm, which changed between versions)."""
     sizes = [i * o for i, o in model.shapes]
-    u = torch.rand(sum(sizes), generator=gen, device=dev, dtype=torch.float64)
+    u = philox.draw("uniform", key, philox.INIT, steps, sum(sizes)).reshape(-1, sum(sizes))
     z = u.mul_(_PHI_MASS).add_(_PHI_M2).mul_(2).sub_(1).erfinv_().mul_(math.sqrt(2)).clamp_(-2, 2)
-    out = []
-    for part, (i, o) in zip(z.split(sizes), model.shapes):
-        out.append(part.mul_(math.sqrt(2.0 / (i + o)) / _TRUNC2_STD).to(dtype).view(i, o))
-    return out
+    return [part.mul(math.sqrt(2.0 / (i + o)) / _TRUNC2_STD).to(dtype).view(-1, i, o)
+            for part, (i, o) in zip(z.split(sizes, dim=1), model.shapes)]
 
 
 def init_params(model: ModelSpec, K: int, seed, scale: float = 1.0, *, device=None,
@@ -254,20 +232,19 @@ def init_params(model: ModelSpec, K: int, seed, scale: float = 1.0, *, device=No
     [-2 s', 2 s'] with s' = sqrt(2 / (fan_in + fan_out)) / 0.8796..., so that the weights
     have variance 2 / (fan_in + fan_out) (Glorot & Bengio 2010).
 
-    ``seed``: an int (all K models drawn in turn from its init stream), or a sequence of K
-    ints, model k from the init stream of ``seed[k]`` (what :func:`train` does, so
-    ``init_params(model, 1, [s])`` is the initialisation of the model trained with seed s,
-    at every init scale: the scale multiplies the same draw).
+    ``seed``: an int (the K models at steps 0, ..., K - 1 of its init stream), or a sequence
+    of K ints, model k the initialisation of the model :func:`train` trains from seed
+    ``seed[k]`` (step 0 of its init stream), at every init scale: the scale multiplies the
+    same draw. The draws do not depend on ``device`` (to float rounding).
     """
     dev = resolve(device)
     if isinstance(seed, (int, np.integer)):
-        gens = [_generator(seed, _INIT, dev)] * K
+        key, steps = philox.keys([_check_seed(seed)], dev), torch.arange(K)
     else:
         if len(seed) != K:
             raise ValueError(f"init_params: {len(seed)} seeds for K={K} models")
-        gens = [_generator(s, _INIT, dev) for s in seed]
-    draws = [_glorot_draw(model, g, dev, dtype) for g in gens]
-    W = [torch.stack(ws).mul_(scale) for ws in zip(*draws)]
+        key, steps = philox.keys([_check_seed(s) for s in seed], dev), 0
+    W = [w.mul_(scale) for w in _glorot_draw(model, key, steps, dtype)]
     b = [torch.zeros(K, o, device=dev, dtype=dtype) for _, o in model.shapes]
     return Params(W, b)
 

@@ -8,6 +8,8 @@ from contextlib import contextmanager
 
 import torch
 
+from ..device import is_gpu
+
 #: Float32 matmul precisions of the trainer (:func:`matmul_precision`).
 PRECISIONS = ("fp32", "tf32")
 #: TF32 keeps 10 of float32's 23 fraction bits: each input of a TF32 product is within a
@@ -44,8 +46,10 @@ def matmul_precision(name: str):
 
 
 def _tf32(dev: torch.device) -> bool:
-    """Whether the trainer's products on ``dev`` are TF32 (:func:`matmul_precision`)."""
-    return dev.type == "cuda" and _PRECISION.get() == "tf32"
+    """Whether the trainer's products on ``dev`` are TF32 (:func:`matmul_precision`); under
+    a forced GPU description (:func:`dpaudit.device.is_gpu`) the CPU takes this branch, its
+    clip margin included, with float32 products."""
+    return is_gpu(dev) and _PRECISION.get() == "tf32"
 
 
 def _clip_scale(dev: torch.device) -> float:
@@ -58,9 +62,10 @@ def _clip_scale(dev: torch.device) -> float:
 def _cuda_matmuls(dev: torch.device):
     """torch's CUDA float32 matmul setting as :func:`matmul_precision` says, restored on
     exit (torch's newer per-backend setting; reading the legacy ``allow_tf32`` after it is
-    set raises)."""
+    set raises). Set under a forced GPU description too: harmless on the CPU, whose
+    products it does not touch."""
     mm = torch.backends.cuda.matmul
-    if dev.type != "cuda":
+    if not is_gpu(dev):
         yield
         return
     want = "tf32" if _tf32(dev) else "ieee"

@@ -23,13 +23,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..device import resolve
-from . import precision
+from . import philox
+from ..device import is_gpu, resolve
+from . import precision, sampling
 from .gradient_canaries import CanaryRun, GradientCanaries, _CanaryHook
-from .model import (_BATCH, _INIT, _NOISE, DPSGDConfig, ModelSpec, Params, _generator,
-                    _glorot_draw, _noise_views, _stream_states, _tensors)
-from .sampling import _each_model, _sample_batches, epoch_ends
-from .wide import _backprop, _forward, _sq_grad_norms, _Wide
+from .model import DPSGDConfig, ModelSpec, Params, _check_seed, _glorot_draw, _noise_views, _tensors
+from .wide import _binary_step, _gradient_step, _Wide
 
 
 def _columns(cfg, noise_std) -> tuple[list[DPSGDConfig], list[float]]:
@@ -57,25 +56,23 @@ def _columns(cfg, noise_std) -> tuple[list[DPSGDConfig], list[float]]:
 _SHARED = ("epochs", "batch_size", "lr", "sampling")
 
 
-def _initial(model: ModelSpec, cols: list[DPSGDConfig], init: Params | None, states, dev,
+def _initial(model: ModelSpec, cols: list[DPSGDConfig], init: Params | None, key, dev,
              dtype) -> _Wide:
     """The K x M initial weights: each seed's Glorot draw (one per seed, whatever the
     columns) times each "glorot" column's scale; ``init`` for the "fixed" columns."""
-    K, M = len(states), len(cols)
+    K, M = len(key), len(cols)
     if any(c.init == "fixed" for c in cols):
         if init is None or init.K != 1:
             raise ValueError("DPSGDConfig.init='fixed': pass init= the Params of one model")
         init.check(model)
     elif init is not None:
         raise ValueError("train: init= is only used with DPSGDConfig.init='fixed'")
-    W = [torch.empty(K, i, M, o, device=dev, dtype=dtype) for i, o in model.shapes[:1]]
+    W = [torch.empty(K, M, o, i, device=dev, dtype=dtype) for i, o in model.shapes[:1]]
     W += [torch.empty(K, M, i, o, device=dev, dtype=dtype) for i, o in model.shapes[1:]]
     b = [torch.zeros(K, M, o, device=dev, dtype=dtype) for _, o in model.shapes]
     wide = _Wide(W, b)
     glorot = [m for m, c in enumerate(cols) if c.init == "glorot"]
-    if glorot:
-        draws = [torch.stack(ws) for ws in zip(*(
-            _glorot_draw(model, _generator(None, _INIT, dev, st), dev, dtype) for st in states))]
+    draws = _glorot_draw(model, key, 0, dtype) if glorot else None
     for m, c in enumerate(cols):
         col = wide.column(m)
         if c.init == "fixed":
@@ -87,10 +84,10 @@ def _initial(model: ModelSpec, cols: list[DPSGDConfig], init: Params | None, sta
     return wide
 
 
-def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], seeds, init,
-           device, progress, canaries, lr_schedule=None, on_epoch=None):
-    K, M, dev = len(seeds), len(cols), resolve(device)
-    cfg = cols[0]
+def _check(X, y, model: ModelSpec, cols: list[DPSGDConfig], seeds, canaries, lr_schedule,
+           dev) -> None:
+    """The arguments of one training call, before anything is drawn or trained."""
+    K, M, cfg = len(seeds), len(cols), cols[0]
     if K < 1:
         raise ValueError("train: seeds must name at least one model")
     if len(set(seeds)) != K:
@@ -117,86 +114,82 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     if canaries is not None and precision._tf32(dev):
         raise ValueError("canaries: train with matmul_precision('fp32') (TF32 would round "
                          "the canaries and their scores)")
-    dtype = X.dtype if X.is_floating_point() else torch.float32
-    states = [_stream_states(s) for s in seeds]  # one spawn per seed, for every stream
-    wide = _initial(model, cols, init, states, dev, dtype)
 
-    # Data on the device once; batches are gathered by index, once per seed for all columns.
+
+def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], seeds, init,
+           device, progress, canaries, lr_schedule=None, on_epoch=None):
+    K, M, dev = len(seeds), len(cols), resolve(device)
+    cfg = cols[0]
+    _check(X, y, model, cols, seeds, canaries, lr_schedule, dev)
+    n = X.shape[0]
+    dtype = X.dtype if X.is_floating_point() else torch.float32
+    key = philox.keys([_check_seed(s) for s in seeds], dev)
+    fused = is_gpu(dev)  # one kernel per draw on a GPU (philox module docstring)
+    wide = _initial(model, cols, init, key, dev, dtype)
+
+    # Data on the device once; each step computes on every row shared by all runs, or
+    # gathers each run's batch (sampling.shares_data), once per seed for all columns.
     X = X.to(dev, dtype)
-    onehot = torch.nn.functional.one_hot(y.to(dev), model.n_classes).to(dtype)
+    shared = sampling.shares_data(model, cfg, n, M)
+    batches = sampling.Batches(cfg, n, key, shared, dtype, fused)
+    onehot = torch.nn.functional.one_hot(y.to(dev), model.n_classes).to(dtype).T  # (C, n)
     sq_in = torch.linalg.vector_norm(X, dim=1).square_().add_(1)  # ||(x_i; 1)||^2, fixed
-    batch_gens = [_generator(None, _BATCH, dev, st) for st in states]
-    noise_gens = [_generator(None, _NOISE, dev, st) for st in states]
+    xt = None
+    if shared:
+        onehot_shared, sq_shared, xt = onehot.unsqueeze(0), sq_in.unsqueeze(0), X.T.contiguous()
     clip = torch.tensor([c.clip * precision._clip_scale(dev) for c in cols], device=dev,
                         dtype=dtype).view(M, 1)
 
-    B, P, d = cfg.batch_size, model.n_params, model.in_dim
+    # Logistic regression on two classes: the step with half the matmuls (wide._binary_step).
+    step = _binary_step if model.arch == "lr" and model.n_classes == 2 else _gradient_step
+    B, d = cfg.batch_size, model.in_dim
     step_size = cfg.lr / B
     chunk, T = cfg.chunk_steps(n), cfg.steps(n)
-    # One unscaled noise draw per seed, scaled per column: std_m for each layer's layout.
+    # One unscaled noise draw per seed and step, scaled per column: std_m for each layer.
     noisy = any(v > 0 for v in stds)
-    noise = torch.empty(K, chunk, P, device=dev, dtype=dtype) if noisy else None
     std = torch.tensor(stds, device=dev, dtype=dtype)
-    std_views = [std.view(1, 1, M, 1), std.view(1, M, 1)] + \
-        [std.view(1, M, 1, 1), std.view(1, M, 1)] * (len(model.shapes) - 1)
+    std_views = [std.view(1, M, 1, 1), std.view(1, M, 1)] * len(model.shapes)
     x_buf = torch.empty(0, device=dev, dtype=dtype)
     hook = None if canaries is None else _CanaryHook(
-        canaries, cfg.batch_size / n if canaries.rate is None else canaries.rate, states,
-        wide.column(0), dev, dtype, step_size, stds[0], cfg.clip)
-    ends = epoch_ends(cfg, n) if on_epoch is not None else []
-    done, epoch = 0, 0
-    while done < T:
-        S = min(chunk, T - done)
-        batches = _sample_batches(cfg, n, S, batch_gens, dev, dtype)
-        if noise is not None:
-            _each_model(lambda k: torch.randn(S, P, generator=noise_gens[k], out=noise[k, :S]),
-                        K, dev)
-        if hook is not None:
-            hook.draw(S)
-        for s, (idx, valid) in enumerate(batches):
-            if lr_schedule is not None:
-                lr = lr_schedule(done + s)
-                if not 0 < lr < math.inf:
-                    raise ValueError(f"lr_schedule({done + s})={lr!r}: must be > 0 and finite")
-                step_size = lr / B
+        canaries, cfg.batch_size / n if canaries.rate is None else canaries.rate, key,
+        wide.column(0), dev, dtype, step_size, stds[0], cfg.clip, fused)
+    ends = sampling.epoch_ends(cfg, n) if on_epoch is not None else []
+    epoch = 0
+    for t in range(T):
+        if lr_schedule is not None:
+            lr = lr_schedule(t)
+            if not 0 < lr < math.inf:
+                raise ValueError(f"lr_schedule({t})={lr!r}: must be > 0 and finite")
+            step_size = lr / B
+        idx, weights = batches.step(t)
+        if shared:
+            xb, yb, sq_b = X, onehot_shared, sq_shared
+        else:
             flat_idx = idx.reshape(-1)
             if x_buf.numel() < flat_idx.numel() * d:
                 x_buf = torch.empty(flat_idx.numel() * d, device=dev, dtype=dtype)
             xb = x_buf[:flat_idx.numel() * d].view(K, -1, d)
             torch.index_select(X, 0, flat_idx, out=xb.view(-1, d))
-            acts, z = _forward(wide, xb)
-            gs = _backprop(wide, acts, z, onehot.index_select(0, flat_idx)
-                           .view(K, -1, model.n_classes).transpose(1, 2))
-            sq = _sq_grad_norms(acts, gs, sq_in.index_select(0, flat_idx).view(K, -1))
-            c = torch.div(clip, sq.sqrt_()).clamp_(max=1.0)  # (K, M, b)
-            if valid is not None:
-                c.mul_(valid.unsqueeze(1))
-            for l, (a, g) in enumerate(zip(acts, gs)):
-                g = g.mul_(c.unsqueeze(2))  # (K, M, fan_out, b)
-                nb = g.shape[-1]
-                if l == 0:  # every column's first layer: one matmul per seed
-                    wide.W[0].view(K, d, -1).baddbmm_(a, g.view(K, -1, nb).transpose(1, 2),
-                                                      alpha=-step_size)
-                else:
-                    i, o = wide.W[l].shape[2:]
-                    wide.W[l].view(K * M, i, o).baddbmm_(
-                        a.view(K * M, i, nb), g.view(K * M, o, nb).transpose(1, 2),
-                        alpha=-step_size)
-                wide.b[l].sub_(g.sum(-1), alpha=step_size)
-            if hook is not None:
-                hook.add(hook_params := wide.column(0), s, step_size)
-            if noise is not None:
-                for j, (t, eps, sv) in enumerate(zip(wide.tensors(),
-                                                     _noise_views(noise[:, s], model), std_views)):
-                    t.addcmul_(eps.unsqueeze(2 if j == 0 else 1), sv, value=-step_size)
-            if hook is not None:
-                hook.observe(hook_params)
-            if epoch < len(ends) and done + s + 1 == ends[epoch]:
-                epoch += 1
-                on_epoch(epoch, [wide.column(m) for m in range(M)])
-        done += S
-        if progress is not None:
-            progress(done, T)
+            yb = onehot.index_select(1, flat_idx).view(model.n_classes, K, -1).transpose(0, 1)
+            sq_b = sq_in.index_select(0, flat_idx).view(K, -1)
+        step(wide, xb, xt, yb, sq_b, clip, weights, step_size)
+        if hook is not None:
+            hook.add(hook_params := wide.column(0), t, step_size)
+        if noisy:
+            noise = philox.draw("normal", key, philox.NOISE, t, model.n_params, fused=fused)
+            views = _noise_views(noise, model)
+            # The first layer's W is kept transposed: a contiguous copy of its noise, so
+            # that adding it to every column reads memory in order.
+            views[0] = views[0].transpose(1, 2).contiguous()
+            for param, eps, sv in zip(wide.tensors(), views, std_views):
+                param.addcmul_(eps.unsqueeze(1), sv, value=-step_size)
+        if hook is not None:
+            hook.observe(hook_params)
+        if epoch < len(ends) and t + 1 == ends[epoch]:
+            epoch += 1
+            on_epoch(epoch, [wide.column(m) for m in range(M)])
+        if progress is not None and ((t + 1) % chunk == 0 or t + 1 == T):
+            progress(t + 1, T)
     columns = [wide.column(m) for m in range(M)]
     if hook is not None:
         return CanaryRun(columns[0], hook.scores, hook.llr)
@@ -215,18 +208,19 @@ def train_with_noise_std(X: torch.Tensor, y: torch.Tensor, model: ModelSpec,
     clipped sum.
 
     X (n, in_dim) float, y (n,) int labels in [0, n_classes). Model k's initialisation
-    (cfg.init == "glorot"), batches and noise are drawn from generators derived from
-    ``seeds[k]`` only. With cfg.init == "fixed", ``init`` is a Params of one model that
-    every model starts from. Computes in X's floating dtype on ``device`` (default: CUDA
-    when available, else CPU); returns the trained Params there. ``progress(step, steps)``
-    is called after every chunk of steps (:meth:`DPSGDConfig.chunk_steps`).
+    (cfg.init == "glorot"), batches and noise are Philox draws keyed by ``seeds[k]`` only
+    (:mod:`dpaudit.dpsgd.philox`; seeds are integers in [0, 2^64)), the same on every device.
+    With cfg.init == "fixed", ``init`` is a Params of one model that every model starts
+    from. Computes in X's floating dtype on ``device`` (default: CUDA when available, else
+    CPU); returns the trained Params there. ``progress(step, steps)`` is called after
+    every chunk of steps (:meth:`DPSGDConfig.chunk_steps`) and after the last.
 
     Columns: ``cfg`` a sequence of M configs (and ``noise_std`` one value or M) trains M
     models per seed at once, one per column, which differ in clip, noise and init (Glorot
     scale or "fixed") and share epochs, batch size, lr and sampling. Every column of seed k
     sees seed k's batches, its noise draw (times the column's std) and its Glorot draw
     (times the column's scale), so column m's models are those a call with ``cfg[m]`` alone
-    trains, to float rounding; the gather, the sampling and the noise draws are done once
+    trains, to float rounding; the batch, the sampling and the noise draws are done once
     per seed, and the first layer of all columns is one matmul. Returns a list of M Params.
 
     ``canaries``: gradient canaries (:class:`GradientCanaries`, row k of ``included`` for

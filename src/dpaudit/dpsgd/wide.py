@@ -23,8 +23,9 @@ from .model import ModelSpec, Params
 
 class _Wide(NamedTuple):
     """K seeds x M columns of one :class:`ModelSpec` in one layout (the trainer's): ``W[0]``
-    (K, fan_in, M, fan_out), so that the first layer of every column is one
-    (batch x fan_in) @ (fan_in x M*fan_out) matmul per seed; ``W[l]`` (K, M, fan_in,
+    (K, M, fan_out, fan_in), the first layer of every column transposed, so that it is one
+    (K M fan_out) x fan_in matrix: its products with a batch shared by all K models, or
+    with each model's own batch, are single matmuls with no copies; ``W[l]`` (K, M, fan_in,
     fan_out) for l > 0; ``b[l]`` (K, M, fan_out)."""
 
     W: list[torch.Tensor]
@@ -33,32 +34,40 @@ class _Wide(NamedTuple):
     @classmethod
     def of(cls, params: Params) -> "_Wide":
         """A view of ``params`` as one column (in-place updates reach ``params``)."""
-        return cls([params.W[0].unsqueeze(2)] + [w.unsqueeze(1) for w in params.W[1:]],
-                   [b.unsqueeze(1) for b in params.b])
+        return cls([params.W[0].transpose(1, 2).unsqueeze(1)]
+                   + [w.unsqueeze(1) for w in params.W[1:]], [b.unsqueeze(1) for b in params.b])
 
     def column(self, m: int) -> Params:
         """Column m's K models as Params (views of the wide tensors)."""
-        return Params([self.W[0][:, :, m]] + [w[:, m] for w in self.W[1:]],
+        return Params([self.W[0][:, m].transpose(1, 2)] + [w[:, m] for w in self.W[1:]],
                       [b[:, m] for b in self.b])
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for pair in zip(self.W, self.b) for t in pair]
 
 
-def _forward(wide: _Wide, x: torch.Tensor):
+def _forward(wide: _Wide, x: torch.Tensor, xt: torch.Tensor | None = None):
     """Layer inputs and logits in the feature-major layout the step keeps throughout:
-    [a_0 = x^T (K, d, m), a_1 (K, M, hidden, m), ...] and logits (K, M, C, m), x (K, m, d).
+    [a_0 = x^T, a_1 (K, M, hidden, m), ...] and logits (K, M, C, m).
 
-    Every product is a batched (out x in) @ (in x batch) matmul, with transposed operands
-    where the layout needs them (BLAS reads them in place): no permuted copies; and on the
-    CPU this form is several times faster than (batch x in) @ (in x out) for narrow heads
-    (2 cores, 8 models, batch 500, 1024 -> 2: weight gradient 11.3 -> 1.3 ms, forward
-    3.6 -> 1.0 ms; as fast at 32 outputs)."""
-    K, m, d = x.shape
-    M = wide.W[0].shape[2]
-    xt = x.transpose(1, 2)
-    z = torch.baddbmm(wide.b[0].reshape(K, -1, 1), wide.W[0].view(K, d, -1).transpose(1, 2), xt)
-    z = z.view(K, M, -1, m)
+    ``x`` is either each model's own batch (K, m, d), a_0 = x^T (K, d, m) ("gather"), or
+    one batch shared by all K models (m, d), a_0 = x^T (d, m) ("shared": the first layer of
+    every model and column is then one (K M fan_out, d) @ (d, m) matmul; ``xt``, a
+    contiguous x^T, makes it a third faster on the CPU). Every product
+    is an (out x in) @ (in x batch) matmul, with transposed operands where the layout needs
+    them (BLAS reads them in place): no permuted copies; and on the CPU this form is
+    several times faster than (batch x in) @ (in x out) for narrow heads (2 cores, 8
+    models, batch 500, 1024 -> 2: weight gradient 11.3 -> 1.3 ms, forward 3.6 -> 1.0 ms;
+    as fast at 32 outputs)."""
+    K, M, o, d = wide.W[0].shape
+    W0 = wide.W[0].reshape(K * M * o, d)
+    xt = x.transpose(-1, -2) if xt is None else xt
+    if x.dim() == 2:
+        z = torch.addmm(wide.b[0].reshape(-1, 1), W0, xt)
+    else:
+        z = torch.baddbmm(wide.b[0].reshape(K, -1, 1), W0.view(K, M * o, d), xt)
+    m = x.shape[-2]
+    z = z.view(K, M, o, m)
     acts = [xt]
     for W, b in zip(wide.W[1:], wide.b[1:]):
         h = z.relu_()
@@ -71,7 +80,7 @@ def _forward(wide: _Wide, x: torch.Tensor):
 
 def _backprop(wide: _Wide, acts, z, onehot):
     """Per-example backprop signals g_l = d loss_i / d z_l of each layer, (K, M, fan_out, m);
-    ``onehot`` (K, C, m).
+    ``onehot`` (K, C, m), or (1, C, m) for a batch shared by the K models.
 
     Softmax cross-entropy: g_L = softmax(z_L) - onehot(y); through a ReLU layer
     g_{l-1} = (W_l g_l) * 1[z_{l-1} > 0].
@@ -88,23 +97,75 @@ def _backprop(wide: _Wide, acts, z, onehot):
 
 def _sq_grad_norms(acts, gs, sq_in):
     """||grad_i||^2 = sum_l (||a_{l,i}||^2 + 1) ||g_{l,i}||^2, (K, M, m); ``sq_in`` (K, m) =
-    ||x_i||^2 + 1."""
+    ||x_i||^2 + 1, or (1, m) for a batch shared by the K models."""
     sq = sq_in.unsqueeze(1) * gs[0].square().sum(2)
     for a, g in zip(acts[1:], gs[1:]):
         sq += (a.square().sum(2) + 1) * g.square().sum(2)
     return sq
 
 
-def _as_params_input(params: Params, x: torch.Tensor) -> torch.Tensor:
-    """x (m, d) on the params' device and dtype, shared by the K models: (K, m, d)."""
-    return x.to(params.W[0].device, params.W[0].dtype).expand(params.K, -1, -1)
+def _gradient_step(wide: _Wide, x, xt, onehot, sq_in, clip, weights, step_size: float) -> None:
+    """theta -= step_size * (sum over the batch of each example's clipped gradient), every
+    model and column at once: the forward pass, the backprop signals, each example's norm
+    over all parameters, its clip factor min(1, C / norm) (times its 0/1 weight where
+    ``weights`` (K, m) says which rows are in each run's batch), and one matmul per layer
+    (:func:`_forward` says what ``x`` and ``xt`` are; ``onehot`` (K or 1, C, m), ``sq_in``
+    (K or 1, m) = ||x_i||^2 + 1, ``clip`` (M, 1))."""
+    acts, z = _forward(wide, x, xt)
+    gs = _backprop(wide, acts, z, onehot)
+    c = torch.div(clip, _sq_grad_norms(acts, gs, sq_in).sqrt_()).clamp_(max=1.0)  # (K, M, m)
+    if weights is not None:
+        c.mul_(weights.unsqueeze(1))
+    K, M = c.shape[:2]
+    for l, (a, g) in enumerate(zip(acts, gs)):
+        g = g.mul_(c.unsqueeze(2))  # (K, M, fan_out, m)
+        nb = g.shape[-1]
+        if l == 0:  # every column's first layer: one matmul (per model when gathered)
+            W0 = wide.W[0].view(-1, x.shape[-1])
+            if x.dim() == 2:
+                W0.addmm_(g.view(-1, nb), x, alpha=-step_size)
+            else:
+                W0.view(K, -1, x.shape[-1]).baddbmm_(g.view(K, -1, nb), x, alpha=-step_size)
+        else:
+            i, o = wide.W[l].shape[2:]
+            wide.W[l].view(K * M, i, o).baddbmm_(
+                a.view(K * M, i, nb), g.view(K * M, o, nb).transpose(1, 2), alpha=-step_size)
+        wide.b[l].sub_(g.sum(-1), alpha=step_size)
+
+
+def _binary_step(wide: _Wide, x, xt, onehot, sq_in, clip, weights, step_size: float) -> None:
+    """:func:`_gradient_step` of logistic regression on two classes, with half the matmuls.
+    The softmax's gradient of class 0 is minus that of class 1 (g_0 = p_0 - y_0 = -(p_1 -
+    y_1)), so each example adds c g_1 (-1, 1) (x; 1)^T: one product, the difference's
+    logits z_1 - z_0 (class 1's probability is their sigmoid), and one update product
+    U = (c g_1)^T x, subtracted from class 1 and added to class 0. The norm is that of what
+    is added, sqrt(2) |g_1| ||(x; 1)||."""
+    K, M, _, d = wide.W[0].shape
+    W, b = wide.W[0], wide.b[0]
+    diff, bias = (W[:, :, 1] - W[:, :, 0]).view(K * M, d), (b[..., 1] - b[..., 0])
+    if x.dim() == 2:
+        z = torch.addmm(bias.reshape(-1, 1), diff, xt).view(K, M, -1)
+    else:
+        z = torch.baddbmm(bias.unsqueeze(-1), diff.view(K, M, d), x.transpose(1, 2))
+    g = z.sigmoid_().sub_(onehot[:, 1].unsqueeze(1))  # (K, M, m)
+    c = torch.div(clip, g.abs().mul(sq_in.unsqueeze(1).mul(2).sqrt_())).clamp_(max=1.0)
+    if weights is not None:
+        c.mul_(weights.unsqueeze(1))
+    g.mul_(c)
+    U = torch.mm(g.view(K * M, -1), x) if x.dim() == 2 else torch.bmm(g, x)
+    U = U.view(K, M, d)
+    W[:, :, 1].sub_(U, alpha=step_size)
+    W[:, :, 0].add_(U, alpha=step_size)
+    total = g.sum(-1)
+    b[..., 1].sub_(total, alpha=step_size)
+    b[..., 0].add_(total, alpha=step_size)
 
 
 def logits(params: Params, x: torch.Tensor, model: ModelSpec) -> torch.Tensor:
     """Logits (K, m, n_classes) of the K models on x (m, in_dim), returned on x's device."""
     params.check(model)
     with torch.no_grad():
-        z = _forward(_Wide.of(params), _as_params_input(params, x))[1]
+        z = _forward(_Wide.of(params), x.to(params.W[0].device, params.W[0].dtype))[1]
         return z[:, 0].transpose(1, 2).to(x.device)
 
 
@@ -118,9 +179,9 @@ def grad_norms(params: Params, x: torch.Tensor, y: torch.Tensor, model: ModelSpe
     """Per-example gradient norms ||grad_theta loss_i|| (K, m), all layers jointly, unclipped."""
     params.check(model)
     with torch.no_grad():
-        xb, wide = _as_params_input(params, x), _Wide.of(params)
-        acts, z = _forward(wide, xb)
+        xs, wide = x.to(params.W[0].device, params.W[0].dtype), _Wide.of(params)
+        acts, z = _forward(wide, xs)
         onehot = torch.nn.functional.one_hot(y.to(z.device), model.n_classes).to(z.dtype)
-        gs = _backprop(wide, acts, z, onehot.T.expand(params.K, -1, -1))
-        sq = _sq_grad_norms(acts, gs, xb.square().sum(-1) + 1)
+        gs = _backprop(wide, acts, z, onehot.T.unsqueeze(0))
+        sq = _sq_grad_norms(acts, gs, xs.square().sum(-1).add_(1).unsqueeze(0))
         return sq.squeeze(1).sqrt_().to(x.device)

@@ -145,7 +145,8 @@ def pretrained_init(X_aux: torch.Tensor, y_aux: torch.Tensor, model: dpsgd.Model
     plain SGD (no clipping, no noise; the settings of the black-box tight audit,
     :data:`dpaudit.experiments.tight.blackbox.PRETRAIN`) on auxiliary rows, seeded by
     ``seed``; by default on the CPU, so that every machine starts its runs from the same
-    init (its random streams are device-specific)."""
+    init bit for bit (the draws are the same on every device, the products' rounding is
+    not)."""
     from .tight.blackbox import PRETRAIN
 
     cfg = dpsgd.DPSGDConfig(PRETRAIN["epochs"], min(PRETRAIN["batch_size"], len(X_aux)),
@@ -783,8 +784,9 @@ def compare_retrained(losses: pd.DataFrame, retrained: pd.DataFrame) -> pd.DataF
     """How the canary losses of re-trained runs compare with those of the same runs (same
     implementation, split, side, run and seed) in ``losses``: per group, the number of runs,
     and the two-sample Kolmogorov-Smirnov statistic and p-value (scipy.stats.ks_2samp).
-    Where the random streams differ (e.g. a CPU re-training of a GPU run), the pairs differ
-    but the distributions should not."""
+    Where the products round differently (e.g. a CPU re-training of a GPU run: the same
+    draws, other kernels), or the draws differ (runs trained before the counter-based
+    generator), the pairs differ but the distributions should not."""
     from scipy import stats
 
     key = list(RUN_KEY)

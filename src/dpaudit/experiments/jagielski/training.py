@@ -192,11 +192,13 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
     Calls: the blocks of a side that lack the same cells are trained together, ``per_call``
     seeds per call (default :func:`dpaudit.dpsgd.seeds_per_call`: as many as the device's
     memory holds, a GPU being shared by ``jobs_per_gpu`` jobs), a call spanning several
-    blocks or part of one. With "shuffle" sampling every model is the same bit for bit
-    whatever the calls (a seed's batches and draws are its own, and each model's products
-    are computed alone); "poisson" pads each step's batches to the call's largest, which
-    changes the float summation order, so there a call never spans two blocks (as the
-    blocks' layout, kept in the restore key, fixes them). ``precision``: the matmul
+    blocks or part of one. With "shuffle" sampling and gathered batches every model is the
+    same bit for bit whatever the calls (a seed's batches and draws are its own, and each
+    model's products are computed alone); "poisson" pads each step's batches to the call's
+    largest, which changes the float summation order, and a step on shared data
+    (:func:`dpaudit.dpsgd.sampling.shares_data`) computes every model of the call in one
+    product, whose kernel a GPU may choose by its size: there a call never spans two blocks
+    (as the blocks' layout, kept in the restore key, fixes them). ``precision``: the matmul
     precision of training (:func:`dpaudit.dpsgd.matmul_precision`).
 
     Returns {cell id: one row per model: side, label, k, trial, seed, the statistics and
@@ -226,7 +228,6 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
     restored = sum(len(p.seeds) * len(cells) for p in plan) - total
     say(f"{attack}: {len(cells)} cells x {len(plan)} blocks of trials: {restored} models "
         f"restored, {total} to train")
-    span = next(iter(cells.values())).sampling == "shuffle"
     tables: list[pd.DataFrame | None] = [None] * len(plan)
     done, t0 = 0, time.perf_counter()
     last = t0
@@ -239,10 +240,14 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
             tables[i] = plan[i].kept.drop(columns="_key")
             i = j
             continue
+        cfgs = [cells[c] for c in todo]
+        # Spanning blocks keeps every model the same bit for bit only where each model's
+        # products are its own: gathered batches of fixed size.
+        span = cfgs[0].sampling == "shuffle" and not dpsgd.sampling.shares_data(
+            model, cfgs[0], len(X), len(todo))
         while span and j < len(plan) and plan[j].side == side and plan[j].todo == todo:
             j += 1
         run_seeds = [s for p in plan[i:j] for s in p.seeds]
-        cfgs = [cells[c] for c in todo]
         K = per_call or dpsgd.seeds_per_call(model, len(X), cfgs[0], len(todo), device,
                                              limit=len(run_seeds), jobs_per_gpu=jobs_per_gpu)
         scored, pending = [], list(range(i, j))

@@ -1,0 +1,144 @@
+"""The counter-based generator (dpaudit.dpsgd.philox) against Random123's known answers and an
+independent Philox-4x32-10 (randomgen), and its distributions by distribution tests."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpaudit.dpsgd import philox
+
+# Random123's kat_vectors for philox4x32 10: counter (4 words), key (2 words) -> output.
+KAT = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+       ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+       ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+
+
+@pytest.mark.parametrize("counter,key,want", KAT)
+def test_philox4x32_10_known_answers(counter, key, want):
+    words = philox.philox4x32(*(torch.tensor([c]) for c in counter),
+                              *(torch.tensor([k]) for k in key))
+    assert [int(w) for w in words] == list(want)
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2 ** 32 + 5, 0x1234567890ABCDEF, 2 ** 64 - 1])
+def test_words_equal_randomgens_philox(seed):
+    """Value i of (seed, stream, step) is word i % 4 of block (i // 4, step, stream, 0)
+    under key (low, high 32 bits of the seed): randomgen's Philox(number=4, width=32),
+    which increments its counter before each block, from counter (block - 1)."""
+    randomgen = pytest.importorskip("randomgen")
+    for stream, step in ((philox.NOISE, 0), (philox.BATCH, 12345), (philox.CANARY, 2 ** 32 - 1)):
+        got = philox.draw("words", philox.keys([seed], "cpu"), stream, step, 4 * 50 + 3)[0]
+        start = (step << 32) + (stream << 64)
+        bg = randomgen.Philox(key=seed, counter=(start - 1) % 2 ** 128, number=4, width=32)
+        want = bg.random_raw(4 * 51)[:4 * 50 + 3].astype(np.int64)
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_a_runs_draws_do_not_depend_on_the_others_or_on_how_steps_are_grouped():
+    key = philox.keys([3, 99, 2 ** 40], "cpu")
+    for kind in ("words", "normal", "uniform", "sort_keys"):
+        many = philox.draw(kind, key, philox.NOISE, torch.arange(5, 9), 37)
+        assert many.shape == (3, 4, 37)
+        for k in range(3):
+            alone = philox.draw(kind, key[k:k + 1], philox.NOISE, 7, 37)
+            assert torch.equal(alone[0], many[k, 2])
+    # a longer draw starts with the shorter one; other streams and steps are other words
+    a = philox.draw("words", key, philox.NOISE, 5, 10)
+    assert torch.equal(philox.draw("words", key, philox.NOISE, 5, 30)[:, :10], a)
+    assert not torch.equal(philox.draw("words", key, philox.BATCH, 5, 10), a)
+    assert not torch.equal(philox.draw("words", key, philox.NOISE, 6, 10), a)
+
+
+def test_normals_are_standard_normal_and_independent():
+    key = philox.keys(range(20), "cpu")
+    z = philox.draw("normal", key, philox.NOISE, torch.arange(3), 5000).double()
+    flat = z.reshape(-1).numpy()  # 300,000 values
+    assert abs(flat.mean()) < 5 / math.sqrt(flat.size)
+    assert abs((flat ** 2).mean() - 1) < 5 * math.sqrt(2 / flat.size)
+    assert stats.kstest(flat, "norm").pvalue > 1e-3
+    for c in (2.0, 3.0):  # the tails: Binomial counts beyond c
+        p = 2 * stats.norm.sf(c)
+        assert abs((np.abs(flat) > c).mean() - p) < 5 * math.sqrt(p * (1 - p) / flat.size)
+    # the cosine and sine of one pair, consecutive steps, and runs: uncorrelated
+    for a, b in ((z[..., 0::2], z[..., 1::2]), (z[:, 0], z[:, 1]), (z[:-1], z[1:])):
+        r = np.corrcoef(a.reshape(-1).numpy(), b.reshape(-1).numpy())[0, 1]
+        assert abs(r) < 5 / math.sqrt(a.numel())
+    assert float(z.abs().max()) <= math.sqrt(64 * math.log(2))
+
+
+def test_bernoulli_rate_is_exact_in_words_and_within_sampling_error():
+    key = philox.keys(range(50), "cpu")
+    words = philox.draw("words", key, philox.BATCH, 4, 2000)
+    for rate in (0.0, 0.2, 0.5, 1.0, 1 / 3):
+        hit = philox.draw("bernoulli", key, philox.BATCH, 4, 2000, rate)
+        assert torch.equal(hit, words < math.floor(rate * 2 ** 32))
+        if 0 < rate < 1:
+            p = float(hit.double().mean())
+            assert abs(p - rate) < 5 * math.sqrt(rate * (1 - rate) / hit.numel())
+    assert philox.draw("bernoulli", key, philox.BATCH, 4, 10, 1.0).all()
+    assert not philox.draw("bernoulli", key, philox.BATCH, 4, 10, 0.0).any()
+    with pytest.raises(ValueError, match=r"bernoulli rate=1.5: must be in \[0, 1\]"):
+        philox.draw("bernoulli", key, philox.BATCH, 4, 10, 1.5)
+
+
+def test_uniforms_and_sort_keys():
+    key = philox.keys(range(10), "cpu")
+    u = philox.draw("uniform", key, philox.INIT, 0, 3000)
+    assert u.dtype == torch.float64 and 0 < float(u.min()) and float(u.max()) < 1
+    assert stats.kstest(u.reshape(-1).numpy(), "uniform").pvalue > 1e-3
+    words = philox.draw("words", key, philox.INIT, 0, 6000)
+    s = philox.draw("sort_keys", key, philox.INIT, 0, 3000)
+    assert torch.equal(s, (words[:, 0::2] << 31) | (words[:, 1::2] >> 1))
+    assert int(s.min()) >= 0 and int(s.max()) < 2 ** 63
+
+
+def test_keys_and_arguments_are_checked():
+    assert philox.keys([2 ** 64 - 1, 5], "cpu").tolist() == [[2 ** 32 - 1, 2 ** 32 - 1], [5, 0]]
+    for bad in (-1, 2 ** 64, 1.5, True):
+        with pytest.raises(ValueError, match="must be an integer in"):
+            philox.keys([bad], "cpu")
+    with pytest.raises(ValueError, match="kind='gamma': must be one of"):
+        philox.draw("gamma", philox.keys([1], "cpu"), 0, 0, 3)
+
+
+@pytest.mark.compiles
+def test_the_gpus_fused_draws_run_on_the_cpu_and_train_the_same_models():
+    """The GPU's path (each draw one compiled kernel) taken on the CPU: the same words as
+    the eager draws, the normals to float rounding; and under a forced GPU description
+    the trainer takes it and trains the CPU's models (to float rounding). One test, so that
+    one process compiles (tens of seconds on 2 cores)."""
+    from dpaudit import device, dpsgd
+
+    key = philox.keys([1, 2 ** 33 + 7, 12345], "cpu")
+    for kind in ("words", "bernoulli", "sort_keys", "normal"):
+        eager = philox.draw(kind, key, philox.CANARY, 4, 301, 0.4)
+        fused = philox.draw(kind, key, philox.CANARY, 4, 301, 0.4, fused=True)
+        if kind == "normal":
+            torch.testing.assert_close(fused, eager, rtol=1e-6, atol=1e-6)
+        else:
+            assert torch.equal(fused, eager), kind
+    for fn in (philox._words, philox._normals):  # compiled, not fallen back
+        assert philox._FUSED[fn] is not fn
+    assert not torch._dynamo.config.disable
+    g = torch.Generator().manual_seed(1)
+    X, y = torch.randn(50, 6, generator=g), torch.randint(0, 2, (50,), generator=g)
+    model = dpsgd.ModelSpec("fnn", 6, hidden=4)
+    cfg = dpsgd.DPSGDConfig(2, 10, 0.3, 1.0, 0.9, "poisson")
+    plain = dpsgd.train(X, y, model, cfg, [4, 5], device="cpu")
+    gpu = device.GpuDescription("NVIDIA H100 80GB HBM3", 80 * 2 ** 30, 79 * 2 ** 30, "9.0", 132)
+    calls = []
+    real = philox.draw
+    with device.forced_gpu(gpu):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(philox, "draw",
+                       lambda *a, **kw: calls.append((a[0], kw.get("fused"))) or real(*a, **kw))
+            fused = dpsgd.train(X, y, model, cfg, [4, 5], device="cuda")
+    assert {kind for kind, on in calls if on} == {"normal", "bernoulli"}  # noise, batches
+    assert {kind for kind, on in calls if not on} == {"uniform"}  # the init, once
+    torch.testing.assert_close(dpsgd.flatten(fused), dpsgd.flatten(plain), rtol=1e-5, atol=1e-6)
