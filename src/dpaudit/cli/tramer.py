@@ -24,6 +24,8 @@ from . import seed_arg, spec_arg
 #: ``--mode`` of audit-impl (:data:`dpaudit.experiments.tramer.MODES`; not imported from
 #: there, which would load torch for every command's --help).
 MODES = ("black-box", "worst-case-init", "white-box")
+#: Default ``--call-timeout`` (:data:`dpaudit.experiments.tramer.CALL_LIMIT`, likewise).
+CALL_LIMIT = 3600.0
 
 #: Leading columns of the audit table, in a fixed order; more follow.
 COLUMNS = ["implementation", "claimed_eps", "delta", "runs", "tpr", "fpr", "threshold",
@@ -52,11 +54,13 @@ def _positive_int(value: int, name: str, low: int = 1) -> int:
 
 def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, batch_runs: int,
            classes, label, spec: dict, device: str | None = None, seed_check: int | None = None,
-           max_diverged: float = 0.0, mode: str = "black-box", n_aux: int = 500) -> dict:
+           max_diverged: float = 0.0, mode: str = "black-box", n_aux: int = 500,
+           call_limit: float = CALL_LIMIT) -> dict:
     """Every check that can fail before training: claim, run counts, functions, specs,
     the integrity checks' options, the mode and whether each function allows it;
     ``device``: where the registry subjects train unless ``spec`` names a device;
-    ``seed_check`` None: the default number of seeds."""
+    ``seed_check`` None: the default number of seeds; ``call_limit``: seconds per call of
+    a training function (0: none)."""
     from .. import subjects
     from ..experiments import tramer
 
@@ -73,6 +77,9 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
     _positive_int(val_runs, "--val-runs")
     _positive_int(n_train, "--n-train", 2)
     _positive_int(batch_runs, "--batch-runs")
+    if not (call_limit == 0 or 0 < call_limit < math.inf):
+        raise SpecError(f"--call-timeout={call_limit!r}: must be a number of seconds > 0 "
+                        "(0: no limit)")
     if mode == "worst-case-init":
         _positive_int(n_aux, "--n-aux")
     seed_check = tramer.SEED_CHECK if seed_check is None else seed_check
@@ -97,6 +104,11 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
             tramer.check_mode(fn, mode)
         except ValueError as exc:
             raise SpecError(f"--train {target} --mode {mode}: {exc}") from exc
+        if mode == "white-box":
+            try:
+                tramer.whitebox_clip(spec)
+            except ValueError as exc:
+                raise SpecError(f"--spec for {target!r} --mode white-box: {exc}") from exc
         target_spec = dict(spec)
         if fn in subjects.SUBJECTS.values():
             clash = sorted(set(target_spec) & set(_INJECTED))
@@ -124,7 +136,8 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
     return {"eps": eps, "delta": delta, "alpha": alpha, "min_runs": need, "classes": classes,
             "plans": plans, "claims": claims, "runs": runs, "val_runs": val_runs,
             "n_train": n_train, "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
-            "max_diverged": max_diverged, "mode": mode, "n_aux": n_aux}
+            "max_diverged": max_diverged, "mode": mode, "n_aux": n_aux,
+            "call_limit": call_limit}
 
 
 def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Path,
@@ -197,10 +210,18 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
                 test=test, store=where, key=key, together=together,
                 seed_check=plan["seed_check"], max_diverged=plan["max_diverged"], mode=mode,
                 init=init, refuse_at_chance=fn not in subjects.SUBJECTS.values(),
-                profile=profile)
+                profile=profile, call_limit=plan["call_limit"] or None)
         except tramer.Unauditable as exc:
             raise SpecError(f"--train {target}: cannot be audited, no result written: "
                             f"{exc}") from exc
+        except tramer.UserCodeFailed as exc:
+            if exc.timed_out:
+                raise SpecError(f"--train {target}: {exc.call} ran past the per-call time "
+                                f"limit of {exc.limit:g} s (--call-timeout); no result "
+                                "written") from None
+            if fn in subjects.SUBJECTS.values():  # dpaudit's own code: its traceback
+                raise exc.__cause__
+            raise _raised(target, exc.__cause__) from None
         checked = (f"{row['seed_check']} seeds re-trained: deterministic"
                    if row["seed_check"] else "seeds not checked")
         accuracy = (f"test accuracy {row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
@@ -231,6 +252,22 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     write_table(table, out, provenance)
 
 
+def _raised(target: str, exc: BaseException) -> SpecError:
+    """The one line for a user's function that raised ``exc``, after its traceback's frames
+    outside dpaudit (the user's own, and the libraries they call) on stderr."""
+    import os
+    import traceback
+
+    ours = str(Path(__file__).resolve().parents[1]) + os.sep
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not str(Path(f.filename).resolve()).startswith(ours)]
+    if frames:
+        print("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)),
+              end="", file=sys.stderr)
+    message = (str(exc).splitlines() or [""])[0]
+    return SpecError(f"--train {target} raised {type(exc).__name__}: {message}")
+
+
 def _audit_impl(args) -> None:
     try:
         classes = [int(c) for c in args.classes.split(",")]
@@ -239,12 +276,14 @@ def _audit_impl(args) -> None:
     plan = _check(args.train, args.eps, args.delta, args.alpha, args.runs, args.val_runs,
                   args.n_train, args.batch_runs, classes, args.label, args.spec,
                   seed_check=args.seed_check, max_diverged=args.max_diverged, mode=args.mode,
-                  n_aux=args.n_aux)
-    # The default mode's provenance is as before the tight modes: byte-identical files.
+                  n_aux=args.n_aux, call_limit=args.call_timeout)
+    # The default mode's provenance is as before the tight modes: byte-identical files; a
+    # time limit changes no number.
     tight = () if args.mode == "black-box" else ("mode", "n_aux")
     provenance = {"command": "audit-impl", "spec": args.spec, "seed": args.seed,
                   "args": {k: v for k, v in vars(args).items()
-                           if k != "func" and (k not in ("mode", "n_aux") or k in tight)}}
+                           if k not in ("func", "call_timeout")
+                           and (k not in ("mode", "n_aux") or k in tight)}}
     _run(plan, args.canary, args.data_root, args.download, args.seed, args.out, args.losses,
          provenance, args.store)
 
@@ -382,6 +421,10 @@ def register(subparsers) -> None:
     p.add_argument("--n-aux", type=int, default=500, metavar="N",
                    help="worst-case-init: pre-train the init on the N examples after the "
                         "first --n-train of the reference subset (default 500)")
+    p.add_argument("--call-timeout", type=float, default=CALL_LIMIT, metavar="SECONDS",
+                   help="longest one call of a training function (or of its predict) may "
+                        "take; past it the audit stops, naming the call; 0: no limit "
+                        f"(default {CALL_LIMIT:g})")
     p.set_defaults(func=_audit_impl)
 
     p = subparsers.add_parser(

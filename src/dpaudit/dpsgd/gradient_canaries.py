@@ -22,7 +22,7 @@ every iterate can compute.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -96,11 +96,17 @@ class GradientCanaries:
     canary stream and do not depend on ``included`` (a run with a canary in and one with it
     out are paired: word j of step t below rate 2^32 decides at every step).
     Extra memory: the directions on the device, and a step's (K, m) draws.
+
+    ``insertions``: what every training call that took this object inserted, one
+    :class:`Insertions` per call (:meth:`record`), so that an auditor can see that the
+    canaries went in (and as often as the draws at their rate make likely) rather than
+    trust scores alone.
     """
 
     directions: torch.Tensor
     included: torch.Tensor
     rate: float | None = None
+    insertions: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         d, inc, rate = self.directions, self.included, self.rate
@@ -123,6 +129,13 @@ class GradientCanaries:
             raise ValueError(f"canaries.rate={rate!r}: must be in (0, 1] (or None: the data's "
                              f"rate batch_size / n)")
 
+    def record(self, steps: int, rate: float, counts: torch.Tensor) -> None:
+        """Note a training call's insertions: ``steps`` steps at sampling ``rate``, canary j
+        added ``counts[k, j]`` times to model k's run (dpaudit's trainer calls it; another
+        trainer that takes ``canaries=`` must too)."""
+        self.insertions.append(Insertions(int(steps), float(rate),
+                                          torch.as_tensor(counts).to("cpu", torch.int64)))
+
     def check(self, model: ModelSpec, clip: float, K: int) -> None:
         """Shapes against the model and the K trained models; norms equal to ``clip``."""
         m, P = self.directions.shape
@@ -139,6 +152,16 @@ class GradientCanaries:
             raise ValueError(f"canaries.directions: every row must have L2 norm "
                              f"DPSGDConfig.clip={clip} (within 1e-5 relative); {int(bad.sum())} "
                              f"of {m} do not, e.g. row {j}: {float(norms[j])}")
+
+
+class Insertions(NamedTuple):
+    """One training call's insertions of :class:`GradientCanaries` (:meth:`~GradientCanaries.
+    record`): ``counts`` (K, m) int64, how many of the ``steps`` steps added canary j to model
+    k (each one with probability ``rate`` where included, never where not)."""
+
+    steps: int
+    rate: float
+    counts: torch.Tensor
 
 
 class CanaryRun(NamedTuple):
@@ -169,6 +192,7 @@ class _CanaryHook:
         self.K, self.m, self.rate, self.key, self.dtype = K, m, float(rate), key, dtype
         self.fused = fused
         self.included = canaries.included.to(dev)
+        self.counts = torch.zeros(K, m, device=dev, dtype=torch.int64)  # insertions so far
         self.scores = torch.zeros(K, m, device=dev, dtype=torch.float64)
         # Per-step likelihood ratio: z = <step, g> / (step_size noise_std C) is N(0, 1) from
         # the noise plus mu = C / noise_std when the canary was added (data ignored).
@@ -194,7 +218,9 @@ class _CanaryHook:
         """theta -= step_size * (sum of the included canaries sampled at step t)."""
         hit = philox.draw("bernoulli", self.key, philox.CANARY, t, self.m, self.rate,
                           fused=self.fused)
-        hit = hit.logical_and_(self.included).to(self.dtype)  # (K, m)
+        hit = hit.logical_and_(self.included)  # (K, m)
+        self.counts.add_(hit)
+        hit = hit.to(self.dtype)
         if self.dirs is None:
             self.csum.zero_().index_add_(1, self.coords, hit.mul_(self.values_dt))
         else:

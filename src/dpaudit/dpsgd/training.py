@@ -192,6 +192,7 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
             progress(t + 1, T)
     columns = [wide.column(m) for m in range(M)]
     if hook is not None:
+        canaries.record(T, hook.rate, hook.counts)
         return CanaryRun(columns[0], hook.scores, hook.llr)
     return [Params([w.contiguous() for w in p.W], [b.contiguous() for b in p.b])
             for p in columns]

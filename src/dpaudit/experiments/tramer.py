@@ -72,6 +72,8 @@ assumes the Gaussian trade-off curve (an estimate).
 from __future__ import annotations
 
 import inspect
+import signal
+import threading
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Sequence
@@ -189,6 +191,51 @@ class Unauditable(ValueError):
     learn nothing or do not follow their seeds): any verdict on them would certify nothing."""
 
 
+class UserCodeFailed(Exception):
+    """A call of the audited training function (or of the ``predict`` it returned) raised
+    (its exception is the ``__cause__``) or ran past ``limit`` seconds (``timed_out``);
+    ``call`` names the call."""
+
+    def __init__(self, call: str, timed_out: bool = False, limit: float | None = None):
+        super().__init__(f"{call} ran past its limit of {limit:g} s" if timed_out else call)
+        self.call, self.timed_out, self.limit = call, timed_out, limit
+
+
+class _PastLimit(BaseException):
+    """Raised into a call at its time limit; not an Exception, so that the audited code's
+    ``except Exception`` does not swallow it."""
+
+
+#: Seconds one call of a training function (or of its predict) may take by default: a call
+#: trains ``batch_runs`` runs, about half a minute for 1000 of the case study on 2 CPU cores.
+CALL_LIMIT = 3600.0
+
+
+def user_call(call: str, limit: float | None, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, the call of the audited code that ``call`` names;
+    :class:`UserCodeFailed` where it raises or runs past ``limit`` seconds. ``limit`` None
+    or 0: none. The limit is a SIGALRM timer, so it holds in the main thread of a POSIX
+    process only (elsewhere the call runs without one), and it interrupts Python code, not
+    a single C call that never returns."""
+    timed = bool(limit) and hasattr(signal, "SIGALRM") \
+        and threading.current_thread() is threading.main_thread()
+    if timed:
+        def expire(signum, frame):
+            raise _PastLimit
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return fn(*args, **kwargs)
+    except _PastLimit:
+        raise UserCodeFailed(call, True, limit) from None
+    except Exception as exc:
+        raise UserCodeFailed(call) from exc
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
 #: Seeds :func:`check_seeds` re-trains by default before an audit.
 SEED_CHECK = 3
 #: The contract of a training function's output, for messages.
@@ -197,18 +244,20 @@ CONTRACT = ("train(X, y, seeds, spec) must return predict, and predict(x) a floa
 
 
 def _trained(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict,
-             extra: dict | None = None):
+             extra: dict | None = None, named: str = "runs", limit: float | None = None):
     """``logits_of(rows)``: the logits (runs, rows, C) of ``train_fn``'s runs on (X, y)
     (``extra``: the mode's keyword arguments), refused (:class:`Unauditable`) unless they
-    keep the contract, C = max label + 1."""
-    predict = train_fn(X, y, list(seeds), spec, **(extra or {}))
+    keep the contract, C = max label + 1. Every call of ``train_fn`` and of its predict is
+    a :func:`user_call` under ``limit``, named by the runs it trains (``named``)."""
+    predict = user_call(f"train(X, y, seeds, spec) of the {named}", limit, train_fn, X, y,
+                        list(seeds), spec, **(extra or {}))
     if not callable(predict):
         raise Unauditable(f"train returned {type(predict).__name__}, not a function; {CONTRACT}")
     runs, n_classes = len(seeds), int(y.max()) + 1
 
     def logits_of(rows: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            z = predict(rows.to(X.dtype))
+            z = user_call(f"predict(x) of the {named}", limit, predict, rows.to(X.dtype))
         shape = tuple(getattr(z, "shape", ()))
         if not (isinstance(z, torch.Tensor) and z.is_floating_point()
                 and shape == (runs, len(rows), n_classes)):
@@ -226,19 +275,21 @@ def _trained(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], s
 def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
                seeds: Sequence[int], spec: dict, insert_label: int | None = None,
                test: tuple[torch.Tensor, torch.Tensor] | None = None,
-               extra: dict | None = None) -> dict:
+               extra: dict | None = None, runs: str = "runs",
+               limit: float | None = None) -> dict:
     """Train ``len(seeds)`` models at once with ``train_fn`` (``extra``: the mode's keyword
     arguments; with ``insert_label``, the
     canary (x, insert_label) appended once to the training data) and return
     ``log_prob``, the log-probabilities (runs, C) they give the canary input ``x``, and,
     with ``test = (X_test, y_test)``, ``test_acc``, each model's accuracy (runs,) on it.
-    Output that breaks the contract (:data:`CONTRACT`) is refused (:class:`Unauditable`).
+    Output that breaks the contract (:data:`CONTRACT`) is refused (:class:`Unauditable`);
+    ``runs`` names them and ``limit`` bounds each call (:func:`user_call`).
 
     NaN outputs (a diverged run) become -inf log-probabilities, i.e. infinite loss: a
     fixed decision; a test prediction with a non-finite logit counts as wrong.
     """
     X, y = _with_canary(X, y, x, insert_label)
-    logits_of = _trained(train_fn, X, y, seeds, spec, extra)
+    logits_of = _trained(train_fn, X, y, seeds, spec, extra, runs, limit)
     # The canary in a call of its own: its logits do not depend on the test set's size
     # (a matmul's rounding does), so the losses stay those of an audit without it.
     lp = torch.log_softmax(logits_of(x[None])[:, 0].to(torch.float64), dim=-1).cpu().numpy()
@@ -260,7 +311,8 @@ def check_options(seed_check: int, max_diverged: float) -> None:
 
 
 def check_seeds(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict,
-                rows: torch.Tensor, extra: dict | None = None) -> None:
+                rows: torch.Tensor, extra: dict | None = None,
+                limit: float | None = None) -> None:
     """Refuse (:class:`Unauditable`) a function whose runs do not follow their seeds.
 
     Trains the runs of ``seeds`` (at least 2) twice, the second time in reverse order, and
@@ -275,11 +327,12 @@ def check_seeds(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int]
     seeds = list(seeds)
     if len(seeds) < 2:
         raise ValueError(f"seeds: the check needs at least 2, got {len(seeds)}")
-    z = _trained(train_fn, X, y, seeds, spec, extra)(rows).to(torch.float64).cpu()
+    runs = f"seed check's {len(seeds)} runs"
+    z = _trained(train_fn, X, y, seeds, spec, extra, runs, limit)(rows).to(torch.float64).cpu()
     if not torch.isfinite(z[:, 0]).all(-1).any():
         raise Unauditable(f"all {len(seeds)} runs of the seed check diverged (non-finite "
                           "logits on the canary input)")
-    again = _trained(train_fn, X, y, seeds[::-1], spec, extra)(rows).to(
+    again = _trained(train_fn, X, y, seeds[::-1], spec, extra, runs, limit)(rows).to(
         torch.float64).cpu().flip(0)
     finite = z[torch.isfinite(z)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
@@ -486,8 +539,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                          key: dict | None = None, together: dict | None = None,
                          seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
                          mode: str = "black-box", init: dpsgd.Params | None = None,
-                         refuse_at_chance: bool = True, profile: ClaimedProfile | None = None
-                         ) -> tuple[dict, pd.DataFrame]:
+                         refuse_at_chance: bool = True, profile: ClaimedProfile | None = None,
+                         call_limit: float | None = CALL_LIMIT) -> tuple[dict, pd.DataFrame]:
     """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
 
     ``val_runs`` runs per side choose the canary label (if not given: least likely under
@@ -529,6 +582,10 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     ``profile`` (:func:`claimed_profile`, from the spec; every mode inserts the canary, so
     add/remove neighbours): the same runs also test the claimed DP-SGD privacy profile
     (:func:`profile_columns`), and the verdict names the test that fired.
+
+    Every call of ``train_fn`` and of its predict is a :func:`user_call` that may take
+    ``call_limit`` seconds: one that raises or runs past it ends the audit
+    (:class:`UserCodeFailed`, naming the call).
     """
     if runs < 1 or val_runs < 1:
         raise ValueError("runs and val_runs must be >= 1")
@@ -542,12 +599,12 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     if mode == "white-box":
         return audit_whitebox(train_fn, X, y, claimed_eps, delta, runs, val_runs, spec, seed,
                               alpha, batch_runs, progress, store, key, seed_check,
-                              max_diverged, profile)
+                              max_diverged, profile, call_limit)
     extra = None if init is None else {"init": init}
     label = canary.label
     if seed_check:  # before any run: a function that ignores its seeds fails in seconds
         check_seeds(train_fn, X, y, run_seeds(seed, "seed-check", False, seed_check), spec,
-                    torch.cat([canary.x[None].to(X.dtype), X[:100]]), extra)
+                    torch.cat([canary.x[None].to(X.dtype), X[:100]]), extra, call_limit)
 
     def side(split: str, canary_in: bool, n: int) -> Side:
         return Side(f"{split} runs {'with' if canary_in else 'without'} canary",
@@ -570,9 +627,10 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                 *_with_canary(X, y, canary.x, insert), chunk, spec)
             if trained is not None:
                 fns = {name: lambda *_, p=p: p for name, p in zip([None, *together], trained)}
-        stats = {name: {k: list(v) for k, v in train_runs(fn, X, y, canary.x, chunk, spec,
-                                                          insert, test, extra).items()}
-                 for name, fn in fns.items()}
+        runs = f"{side.name} {start}-{start + len(chunk) - 1}"
+        stats = {name: {k: list(v) for k, v in train_runs(
+            fn, X, y, canary.x, chunk, spec, insert, test, extra, runs, call_limit).items()}
+            for name, fn in fns.items()}
         for name, (_, other_store, other_key) in together.items():
             if name in stats:
                 trials.keep(other_store, keyed(other_key, insert is not None), side,
@@ -650,12 +708,63 @@ def _canary_scores(run, count: int) -> dict:
             "dot_sum": dot}
 
 
+def whitebox_clip(spec: dict) -> float:
+    """The clipping norm C of a white-box audit, the gradient canary's norm: ``spec["clip"]``,
+    else a ValueError naming the key."""
+    clip = spec.get("clip")
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 < clip < np.inf:
+        raise ValueError(f"spec.clip={clip!r}: white-box mode needs the clipping norm C the "
+                         "function clips to (> 0, finite): the gradient canary's norm")
+    return float(clip)
+
+
+#: How unlikely a count of canary insertions may be under the draws at its rate before
+#: :func:`check_insertions` refuses it.
+INSERTION_ALPHA = 1e-10
+
+
+def check_insertions(given: dpsgd.GradientCanaries, runs: int, inside: bool,
+                     call: str) -> None:
+    """Refuse (:class:`Unauditable`) a white-box ``call`` of ``runs`` runs after which the
+    canaries object it was ``given`` does not record (:meth:`dpaudit.dpsgd.GradientCanaries.
+    record`) that the canary went in: no training call took it; counts of another shape;
+    insertions into runs without it; or, on runs with it (``inside``), a total so far from
+    the ``steps * runs`` draws at its rate (Binomial) that its probability is below
+    :data:`INSERTION_ALPHA` on either side (e.g. none at all where dozens were due). Scores
+    of runs without the canary on both sides would otherwise read "no violation"."""
+    from scipy import stats
+
+    if not given.insertions:
+        raise Unauditable(
+            f"white-box mode: the gradient canary never went in: after {call} the canaries "
+            "object passed records no training call (GradientCanaries.insertions is empty); "
+            "pass it on as dpaudit.dpsgd.train(..., canaries=canaries), or, with another "
+            "trainer, insert it and call canaries.record(steps, rate, counts)")
+    for ins in given.insertions:
+        if tuple(ins.counts.shape) != (runs, 1):
+            raise Unauditable(f"white-box mode: after {call} the canaries object records "
+                              f"insertion counts of shape {tuple(ins.counts.shape)}, not "
+                              f"(len(seeds)={runs}, 1)")
+        total, draws = int(ins.counts.sum()), ins.steps * runs
+        if not inside and total:
+            raise Unauditable(f"white-box mode: {call} inserted the canary {total} times "
+                              "into runs without it")
+        if inside and min(stats.binom.cdf(total, draws, ins.rate),
+                          stats.binom.sf(total - 1, draws, ins.rate)) < INSERTION_ALPHA:
+            raise Unauditable(
+                f"white-box mode: {call} inserted the canary {total} times in {ins.steps} "
+                f"steps of {runs} runs, where sampling at rate {ins.rate:g} inserts about "
+                f"{draws * ins.rate:.4g} (probability of so few or so many below "
+                f"{INSERTION_ALPHA:g})")
+
+
 def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: float,
                    delta: float, runs: int, val_runs: int, spec: dict, seed: int,
                    alpha: float = ALPHA, batch_runs: int = 1000,
                    progress: Progress | None = None, store=None, key: dict | None = None,
                    seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
-                   profile: ClaimedProfile | None = None) -> tuple[dict, pd.DataFrame]:
+                   profile: ClaimedProfile | None = None,
+                   call_limit: float | None = CALL_LIMIT) -> tuple[dict, pd.DataFrame]:
     """The white-box mode (module docstring): ``train_fn(X, y, seeds, spec,
     canaries=GradientCanaries(g, included))`` with one Dirac canary g of norm ``spec["clip"]``
     (:func:`dpaudit.experiments.tight.whitebox.canary`, in the layout of the model of
@@ -666,31 +775,33 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
     (:class:`Unauditable`) what breaks the contract, runs that do not follow their seeds
     (``seed_check`` of them trained twice, the second time in reverse order, must give the
     same scores, and different seeds different ones) and more than ``max_diverged`` runs
-    with a non-finite score. ``profile``: as in :func:`audit_implementation`."""
+    with a non-finite score, and calls after which the canaries object passed does not
+    record that the canary went in as its draws make likely (:func:`check_insertions`).
+    ``profile`` and ``call_limit``: as in :func:`audit_implementation`."""
     from .tight.whitebox import METHODS, canary as dirac_canary
 
     if runs < 1 or val_runs < 1:
         raise ValueError("runs and val_runs must be >= 1")
     check_options(seed_check, max_diverged)
     check_mode(train_fn, "white-box")
-    clip = spec.get("clip")
-    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 < clip < np.inf:
-        raise ValueError(f"spec.clip={clip!r}: white-box mode needs the clipping norm C the "
-                         "function clips to (> 0, finite): the gradient canary's norm")
+    clip = whitebox_clip(spec)
     model = subjects.model_spec(spec, X.shape[1], int(y.max()) + 1)
     # On the CPU: the same canary on every machine; the trainer moves it where it trains.
     direction = dirac_canary(X.numpy(), model, float(clip), seed, device="cpu")
 
-    def scores_of(chunk: list[int], inside: bool) -> dict:
-        inc = torch.full((len(chunk), 1), bool(inside))
-        run = train_fn(X, y, list(chunk), spec,
-                       canaries=dpsgd.GradientCanaries(direction, inc))
-        return _canary_scores(run, len(chunk))
+    def scores_of(chunk: list[int], inside: bool, runs: str) -> dict:
+        given = dpsgd.GradientCanaries(direction, torch.full((len(chunk), 1), bool(inside)))
+        call = f"train(X, y, seeds, spec, canaries=...) of the {runs}"
+        run = user_call(call, call_limit, train_fn, X, y, list(chunk), spec, canaries=given)
+        scores = _canary_scores(run, len(chunk))
+        check_insertions(given, len(chunk), inside, call)
+        return scores
 
     if seed_check:
         check = run_seeds(seed, "seed-check", False, seed_check)
-        a = scores_of(check, True)["dot_sum"]
-        b = scores_of(check[::-1], True)["dot_sum"][::-1]
+        runs_name = f"seed check's {len(check)} runs"
+        a = scores_of(check, True, runs_name)["dot_sum"]
+        b = scores_of(check[::-1], True, runs_name)["dot_sum"][::-1]
         scale = float(np.abs(a[np.isfinite(a)]).max(initial=0.0))
         if not np.allclose(a, b, rtol=0.0, atol=1e-4 * scale, equal_nan=True):
             raise Unauditable(f"not deterministic in its seed: the runs of seeds {check} "
@@ -708,7 +819,9 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
 
     out = run_trials([side(sp, c, n) for sp, c in GROUPS
                       for n in [val_runs if sp == "validation" else runs]],
-                     lambda s, start, chunk: scores_of(chunk, s.columns["canary_in"]),
+                     lambda s, start, chunk: scores_of(
+                         chunk, s.columns["canary_in"],
+                         f"{s.name} {start}-{start + len(chunk) - 1}"),
                      batch_runs, progress, store=store, key={**(key or {}), "mode": "white-box"})
     is_llr = bool(out.is_llr.all())
     if out.is_llr.any() != is_llr:
