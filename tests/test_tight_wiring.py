@@ -347,7 +347,7 @@ def test_a_bad_input_file_is_named_and_nothing_is_written(run, tmp_path, capsys,
     if fault == "foreign":
         bad.write_bytes((run / ("wb.csv" if command == "tight-blackbox-audit"
                                 else "task.npz")).read_bytes())
-    out = tmp_path / "out.csv"
+    out = tmp_path / ("out.pdf" if command == "tight-plot" else "out.csv")
     argv = {"tight-blackbox-audit": ["--task", str(bad), "--spec", json.dumps(BLACKBOX),
                                      "--seed", "0", "--device", "cpu"],
             "tight-table": ["--whitebox", str(bad)], "tight-plot": ["--table", str(bad)]}

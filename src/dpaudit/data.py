@@ -255,27 +255,42 @@ def ensure_extracted(tar: str | os.PathLike, dest: str | os.PathLike) -> Path:
         raise DataNotFound(f"data.cifar10_tarball = {tar}: no such file (an ImageFolder tarball, "
                            "train/<class>/*, test/<class>/*, e.g. cifar10-jpeg.tar.gz; "
                            "docs/data.md, section Offline).")
+    made = [p for p in (dest, *dest.parents) if not p.exists()]  # to remove on failure
     dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".extract-", dir=dest) as tmp:
-        try:
-            with tarfile.open(tar) as tf:
-                tf.extractall(tmp, filter="data")
-                _read_to_end(tf)
-        except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError) as exc:
-            # tarfile lists every compression it tried, one per line
-            why = ("no tar format, plain or compressed, fits" if
-                   str(exc).startswith("file could not be opened successfully") else exc)
-            raise BadInputFile(tar, f"not a readable tarball, or truncated or corrupt ({why}): "
-                                    "fetch data.cifar10_tarball again") from None
-        for split in ("train", "test"):
-            if not (Path(tmp) / split).is_dir():
-                raise BadInputFile(tar, f"no top-level '{split}/' folder: data.cifar10_tarball "
-                                        "must be an ImageFolder tarball (train/<class>/*, "
-                                        "test/<class>/*)")
-        for split in ("train", "test"):
-            if not (dest / split).is_dir():
-                os.replace(Path(tmp) / split, dest / split)
+    try:
+        with tempfile.TemporaryDirectory(prefix=".extract-", dir=dest) as tmp:
+            _extract(tar, Path(tmp))
+            for split in ("train", "test"):
+                if not (dest / split).is_dir():
+                    os.replace(Path(tmp) / split, dest / split)
+    except BaseException:
+        for folder in made:  # the folders made here, if empty again: no trace of a failure
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
     return dest
+
+
+def _extract(tar: Path, tmp: Path) -> None:
+    """Unpack the ImageFolder tarball ``tar`` into ``tmp``; BadInputFile naming it unless it
+    reads to its end and holds ``train/`` and ``test/``."""
+    try:
+        with tarfile.open(tar) as tf:
+            tf.extractall(tmp, filter="data")
+            _read_to_end(tf)
+    except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError) as exc:
+        # tarfile lists every compression it tried, one per line
+        why = ("no tar format, plain or compressed, fits" if
+               str(exc).startswith("file could not be opened successfully") else exc)
+        raise BadInputFile(tar, f"not a readable tarball, or truncated or corrupt ({why}): "
+                                "fetch data.cifar10_tarball again") from None
+    for split in ("train", "test"):
+        if not (tmp / split).is_dir():
+            raise BadInputFile(tar, f"no top-level '{split}/' folder: data.cifar10_tarball "
+                                    "must be an ImageFolder tarball (train/<class>/*, "
+                                    "test/<class>/*)")
 
 
 def _read_to_end(tf: tarfile.TarFile) -> None:

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import json
 import sys
+from pathlib import Path
 
 from .. import __version__
 from ..config import SpecError
@@ -51,6 +52,50 @@ def int_at_least(low: int):
 seed_arg = int_at_least(0)
 
 
+def out_file(text: str) -> Path:
+    """argparse type: a file to write, so not an existing folder."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path")
+    return path
+
+
+def out_dir(text: str) -> Path:
+    """argparse type: a folder to write into (made if missing), so not an existing file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder; give a folder "
+                                         "path")
+    return path
+
+
+def figure_out(text: str) -> Path:
+    """argparse type: a figure's ``.pdf`` (its ``.png`` is written beside), not a folder."""
+    path = out_file(text)
+    if path.suffix.lower() != ".pdf":
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a .pdf file (a .png of the same "
+                                         "name is written beside it)")
+    return path
+
+
+#: ``--out`` of a figure command.
+FIGURE_HELP = "figure PDF (a PNG is written beside)"
+
+
+def made_by(provenance: dict, path, command: str, **expect) -> None:
+    """:class:`BadInputFile` unless the file at ``path`` (with ``provenance``) was written by
+    ``dpaudit COMMAND``, with the values of ``expect`` where its provenance records them
+    (e.g. its data set)."""
+    made = provenance.get("command")
+    if made != command:
+        by = f"made by `dpaudit {made}`" if made else "its provenance names no command"
+        raise BadInputFile(path, f"not a file of `dpaudit {command}` ({by})")
+    for key, want in expect.items():
+        if provenance.get(key, want) != want:
+            raise BadInputFile(path, f"a file of {command} with {key} {provenance[key]!r}, "
+                                     f"not {want!r}")
+
+
 def say(command: str):
     """A progress printer for long jobs: ``dpaudit COMMAND: message`` on stderr, flushed."""
     return lambda msg: print(f"dpaudit {command}: {msg}", file=sys.stderr, flush=True)
@@ -65,9 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _missing_folders(args) -> list[Path]:
+    """The parent folders of the command's path arguments that do not exist yet."""
+    return [v.parent for v in vars(args).values()
+            if isinstance(v, Path) and not v.parent.exists()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    missing = _missing_folders(args)
     try:
         args.func(args)
     except SpecError as exc:
@@ -79,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DataNotFound, DeviceUnavailable) as exc:
         print(f"dpaudit {args.command}: {exc}", file=sys.stderr)
         return 2
+    for folder in dict.fromkeys(missing):  # made for an output: say so
+        if folder.is_dir():
+            print(f"dpaudit {args.command}: created folder {folder}", file=sys.stderr)
     return 0
 
 

@@ -5,12 +5,13 @@ gathers the levels into ``results/abadi_accuracy.csv``; ``abadi-plot`` draws a f
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES
-from . import say, seed_arg, spec_arg
+from . import FIGURE_HELP, figure_out, made_by, out_file, say, seed_arg, spec_arg
 
 from ..experiments.abadi import FEATURE_KEYS, SHARED_KEYS
 
@@ -73,6 +74,7 @@ def _train(args) -> None:
         from ..features import load_features
 
         arrays, feat = load_features(args.features, ("X", "y", "X_test", "y_test"))
+        made_by(feat, args.features, "abadi-features")
         rows, info = abadi.fig6_level(spec, level, arrays, feat["pretrained_on"], args.seed,
                                       device, log)
         prov["features"] = {k: feat[k] for k in ("pretrained_on", "public_images",
@@ -86,9 +88,15 @@ def _table(args) -> None:
     from ..experiments.abadi import SUMMARY_COLUMNS, summary
     from ..io import read_table, write_table
 
-    frames, sources = [], {}
+    frames, sources, levels = [], {}, {}
     for path in args.tables:
         df, prov = read_table(path, columns=SUMMARY_COLUMNS, what="abadi-train")
+        level = json.dumps([prov.get("figure"), prov.get("level")], sort_keys=True)
+        if level in levels:  # the same file twice, or two tables of one level
+            raise SpecError(f"--tables: {path} and {levels[level]} are both the table of "
+                            f"{prov.get('figure')} level {prov.get('level')}; give each "
+                            "level once")
+        levels[level] = path
         frames.append(df)
         # Each level's config (spec, level, data or features) and seeds, so that the summed
         # table records what made every row.
@@ -116,7 +124,7 @@ def register(subparsers) -> None:
     p.add_argument("--data", type=spec_arg, required=True, help="the data config section")
     p.add_argument("--seed", type=seed_arg, required=True)
     p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--out", type=Path, required=True, help="features .npz")
+    p.add_argument("--out", type=out_file, required=True, help="features .npz")
     p.set_defaults(func=_features)
 
     p = subparsers.add_parser("abadi-train",
@@ -132,16 +140,16 @@ def register(subparsers) -> None:
     p.add_argument("--features", type=Path, help="features .npz of abadi-features (fig6)")
     p.add_argument("--seed", type=seed_arg, required=True)
     p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--out", type=Path, required=True, help="the level's CSV")
+    p.add_argument("--out", type=out_file, required=True, help="the level's CSV")
     p.set_defaults(func=_train)
 
     p = subparsers.add_parser("abadi-table", help="gather the levels' tables into one")
     p.add_argument("--tables", type=Path, nargs="+", required=True)
-    p.add_argument("--out", type=Path, required=True, help="results/abadi_accuracy.csv")
+    p.add_argument("--out", type=out_file, required=True, help="results/abadi_accuracy.csv")
     p.set_defaults(func=_table)
 
     p = subparsers.add_parser("abadi-plot", help="draw Abadi et al. Fig. 3 or 6 from the table")
     p.add_argument("--figure", choices=FIGURES, required=True)
     p.add_argument("--table", type=Path, required=True, help="results/abadi_accuracy.csv")
-    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.add_argument("--out", type=figure_out, required=True, help=FIGURE_HELP)
     p.set_defaults(func=_plot)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..config import validate_section
-from . import seed_arg, spec_arg
+from . import FIGURE_HELP, figure_out, out_file, seed_arg, spec_arg
 
 FIGURES = ("abadi", "composition")
 
@@ -48,11 +48,11 @@ def register(subparsers) -> None:
     p.add_argument("--spec", type=spec_arg, required=True,
                    help="the accounting.<figure> config section")
     p.add_argument("--seed", type=seed_arg, required=True, help="recorded only (no randomness)")
-    p.add_argument("--out", type=Path, required=True, help="result CSV")
+    p.add_argument("--out", type=out_file, required=True, help="result CSV")
     p.set_defaults(func=_curves)
 
     p = subparsers.add_parser("accounting-plot", help="plot a table from accounting-curves")
     p.add_argument("--figure", choices=FIGURES, required=True)
     p.add_argument("--table", type=Path, required=True, help="CSV from accounting-curves")
-    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.add_argument("--out", type=figure_out, required=True, help=FIGURE_HELP)
     p.set_defaults(func=_plot)

@@ -4,10 +4,9 @@ reads it, so that jobs running at once never download the same files side by sid
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from ..config import validate_section
-from . import spec_arg
+from . import out_file, spec_arg
 
 #: Data set (a key of ``jagielski.datasets``, or MNIST) -> its preparation, given the data
 #: section.
@@ -38,5 +37,5 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("data", help="fetch (or check) a data set once, before its jobs")
     p.add_argument("--dataset", choices=sorted(PREPARE), required=True)
     p.add_argument("--data", type=spec_arg, required=True, help="the data config section")
-    p.add_argument("--out", type=Path, required=True, help="CSV: one row per split found")
+    p.add_argument("--out", type=out_file, required=True, help="CSV: one row per split found")
     p.set_defaults(func=_prepare)

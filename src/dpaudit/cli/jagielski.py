@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
-from . import int_at_least, say, seed_arg, spec_arg
+from . import (FIGURE_HELP, figure_out, int_at_least, made_by, out_dir, out_file, say, seed_arg,
+               spec_arg)
 
 from ..experiments.jagielski import AUDIT_KEYS, MADE_WITH_KEYS, PAPER_TOL, TASK_KEYS, TRAIN_KEYS
 
@@ -33,13 +34,12 @@ def _train_schema() -> dict:
 
 
 def _dpsgd_config(ds: dict, clip: float, noise: float, init: str, sampling: str):
-    """DP-SGD hyper-parameters of a cell (``init``: ``fixed`` or ``g<Glorot scale>``)."""
+    """DP-SGD hyper-parameters of a cell (``init``: ``fixed`` or ``g<Glorot scale>``, as
+    :func:`_cells` checked)."""
     from ..dpsgd import DPSGDConfig
 
     if init == "fixed":
         return DPSGDConfig(ds["epochs"], ds["batch_size"], ds["lr"], clip, noise, sampling, "fixed")
-    if not init.startswith("g"):
-        raise SpecError(f"init={init!r}: must be 'fixed' or 'g<Glorot scale>' (e.g. g1)")
     return DPSGDConfig(ds["epochs"], ds["batch_size"], ds["lr"], clip, noise, sampling,
                        "glorot", float(init[1:]))
 
@@ -74,7 +74,8 @@ def _task(args) -> None:
 def _init(args) -> None:
     from .. import dpsgd, features
 
-    arrays, _ = features.load_features(args.task, ["X"])
+    arrays, prov = features.load_features(args.task, ["X"])
+    made_by(prov, args.task, "jagielski-task", dataset=args.dataset)
     model = dpsgd.ModelSpec(args.arch, arrays["X"].shape[1], args.hidden)
     # On the CPU: init draws differ across devices, and the shared "fixed" init must not
     # depend on the machine that happened to draw it.
@@ -85,6 +86,8 @@ def _cells(value: str) -> list[tuple[float, str, str]]:
     """``--cells``: a JSON list of [clip, init label, eps label]."""
     import json
 
+    import math
+
     try:
         cells = json.loads(value)
         out = [(float(c), str(i), str(e)) for c, i, e in cells]
@@ -93,6 +96,16 @@ def _cells(value: str) -> list[tuple[float, str, str]]:
                         f"(e.g. [[1.0, \"g1\", \"8\"]]): {err}") from None
     if not out or len(set(out)) != len(out):
         raise SpecError("--cells: give at least one cell, each once")
+    for clip, init, _ in out:
+        if not (math.isfinite(clip) and clip > 0):
+            raise SpecError(f"--cells: clip {clip!r}: must be a finite number > 0")
+        try:
+            scale = 1.0 if init == "fixed" else float(init[1:]) if init[:1] == "g" else None
+        except ValueError:
+            scale = None
+        if scale is None or not (math.isfinite(scale) and scale > 0):
+            raise SpecError(f"--cells: init {init!r}: must be 'fixed' or 'g<Glorot scale>', a "
+                            "finite scale > 0 (e.g. g1)")
     return out
 
 
@@ -284,7 +297,7 @@ def register(subparsers) -> None:
     common(p, "the data set's section of jagielski.datasets")
     p.add_argument("--device", default="auto", choices=DEVICES,
                    help="where the CIFAR feature extractor is pretrained")
-    p.add_argument("--out", type=Path, required=True, help="task file (.npz)")
+    p.add_argument("--out", type=out_file, required=True, help="task file (.npz)")
     p.set_defaults(func=_task)
 
     p = subparsers.add_parser("jagielski-init", help="draw the shared 'fixed' initialisation")
@@ -293,7 +306,7 @@ def register(subparsers) -> None:
     p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
     p.add_argument("--hidden", type=int_at_least(1), default=32, help="hidden width of fnn")
     p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
-    p.add_argument("--out", type=Path, required=True, help="weights (.pt)")
+    p.add_argument("--out", type=out_file, required=True, help="weights (.pt)")
     p.set_defaults(func=_init)
 
     p = subparsers.add_parser(
@@ -311,7 +324,7 @@ def register(subparsers) -> None:
     p.add_argument("--block-trials", type=int_at_least(1), default=100, metavar="N",
                    help="trials per side trained (and kept) together: an interrupted job "
                         "loses at most one block")
-    p.add_argument("--store", type=Path, default=None, metavar="DIR",
+    p.add_argument("--store", type=out_dir, default=None, metavar="DIR",
                    help="keep each finished block of trials in DIR, and reuse a kept block's "
                         "cells when DIR holds them from the same spec, seed, task, init, "
                         "device kind and trainer code (the workflow's reruns train only "
@@ -321,7 +334,7 @@ def register(subparsers) -> None:
                         "beside each cell table as <cell>_models_<side>.pt "
                         "(dpsgd.load_params reads them); then nothing is reused or kept")
     common(p, f"JSON object with keys {', '.join(TRAIN_KEYS)}")
-    p.add_argument("--out-dir", type=Path, required=True,
+    p.add_argument("--out-dir", type=out_dir, required=True,
                    help="folder of the cell score tables (one CSV per cell, named "
                         "c<clip>_<init>_e<eps>.csv)")
     p.set_defaults(func=_train)
@@ -331,8 +344,8 @@ def register(subparsers) -> None:
     p.add_argument("--scores", type=Path, nargs="+", required=True, help="score tables")
     common(p, f"JSON object with the jagielski keys {', '.join(AUDIT_KEYS)} and, recorded "
               f"in the table's provenance, any of {', '.join(MADE_WITH_KEYS)}, fig2, table2")
-    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
-    p.add_argument("--md", type=Path, default=None, help="Markdown table (table2)")
+    p.add_argument("--out", type=out_file, required=True, help="result table (CSV)")
+    p.add_argument("--md", type=out_file, default=None, help="Markdown table (table2)")
     p.set_defaults(func=_audit)
 
     p = subparsers.add_parser(
@@ -342,11 +355,11 @@ def register(subparsers) -> None:
     p.add_argument("--tolerance", type=_tolerance, default=PAPER_TOL,
                    help="count the cells within this distance of the paper's value "
                         f"(default {PAPER_TOL})")
-    p.add_argument("--out", type=Path, required=True, help="Markdown file")
+    p.add_argument("--out", type=out_file, required=True, help="Markdown file")
     p.set_defaults(func=_markdown)
 
     p = subparsers.add_parser("jagielski-plot", help="draw Figure 2 or the Table 2 heatmap")
     p.add_argument("--experiment", choices=["fig2", "table2"], required=True)
     p.add_argument("--table", type=Path, required=True, help="CSV from jagielski-audit")
-    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.add_argument("--out", type=figure_out, required=True, help=FIGURE_HELP)
     p.set_defaults(func=_plot)

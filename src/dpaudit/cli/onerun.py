@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
-from . import seed_arg, spec_arg
+from . import FIGURE_HELP, figure_out, out_file, seed_arg, spec_arg
 
 #: Keys of ``--train``: the DP-SGD set-up of the FMNIST cells of Jagielski et al.'s Figure 2.
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "hidden", "noise", "clip")
@@ -112,7 +112,7 @@ def register(subparsers) -> None:
                         "(jagielski-init)")
     p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
-    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+    p.add_argument("--out", type=out_file, required=True, help="result table (CSV)")
     p.set_defaults(func=_audit)
 
     p = subparsers.add_parser("onerun-plot", help="draw the one-run audits against eps_th")
@@ -120,5 +120,5 @@ def register(subparsers) -> None:
     p.add_argument("--many-model", type=Path, default=None,
                    help="jagielski-audit table of the same FMNIST ClipBKD cells, to draw the "
                         "many-model bounds")
-    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.add_argument("--out", type=figure_out, required=True, help=FIGURE_HELP)
     p.set_defaults(func=_plot)

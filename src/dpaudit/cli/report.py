@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from . import out_file
+
 #: A plain, readable table inside the report's frame.
 STYLE = """body { font-family: sans-serif; font-size: 14px; margin: 1em; }
 table { border-collapse: collapse; }
@@ -40,5 +42,5 @@ def _md_html(args) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser("md-html", help="a Markdown table as an HTML page (the report)")
     p.add_argument("--md", type=Path, required=True, help="Markdown file")
-    p.add_argument("--out", type=Path, required=True, help="HTML file")
+    p.add_argument("--out", type=out_file, required=True, help="HTML file")
     p.set_defaults(func=_md_html)

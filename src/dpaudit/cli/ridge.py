@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config import SpecError, validate_section
-from . import seed_arg, spec_arg
+from . import FIGURE_HELP, figure_out, out_file, seed_arg, spec_arg
 
 def _check(spec: dict) -> dict:
     """The schema's checks, and the one that relates two keys."""
@@ -39,10 +39,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("ridge-audit", help="one-run audits of private ridge regression")
     p.add_argument("--spec", type=spec_arg, required=True, help="the ridge config section")
     p.add_argument("--seed", type=seed_arg, required=True)
-    p.add_argument("--out", type=Path, required=True, help="result CSV")
+    p.add_argument("--out", type=out_file, required=True, help="result CSV")
     p.set_defaults(func=_audit)
 
     p = subparsers.add_parser("ridge-plot", help="plot eps_LB against theoretical eps")
     p.add_argument("--table", type=Path, required=True, help="CSV from ridge-audit")
-    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.add_argument("--out", type=figure_out, required=True, help=FIGURE_HELP)
     p.set_defaults(func=_plot)

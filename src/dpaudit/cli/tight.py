@@ -11,10 +11,14 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import SpecError
 from ..device import DEVICES, resolve
-from . import say, seed_arg, spec_arg
+from . import FIGURE_HELP, figure_out, made_by, out_dir, out_file, say, seed_arg, spec_arg
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Keys of ``--train``: the DP-SGD set-up of the FMNIST cells of Jagielski et al. 2020.
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "hidden", "noise", "clip")
@@ -214,8 +218,11 @@ def _table(args) -> None:
     from ..experiments.tight import joined
     from ..io import read_table, write_table
 
-    tables = {name: read_table(path) if path else (None, None)
-              for name, path in (("whitebox", args.whitebox), ("blackbox", args.blackbox))}
+    tables = {}
+    for name, path in (("whitebox", args.whitebox), ("blackbox", args.blackbox)):
+        tables[name] = read_table(path) if path else (None, None)
+        if path:
+            made_by(tables[name][1], path, f"tight-{name}-audit")
     if all(df is None for df, _ in tables.values()):
         raise SpecError("tight-table: give --whitebox, --blackbox or both (--clipbkd and "
                         "--onerun add rows in their cells)")
@@ -235,8 +242,10 @@ def _table(args) -> None:
 
 
 def _plot(args) -> None:
+    from ..io import read_provenance
     from ..plots.tight import plot_tight
 
+    made_by(read_provenance(args.table), args.table, "tight-table")
     plot_tight(args.table, args.out)
 
 
@@ -245,8 +254,8 @@ def _training_args(p) -> None:
     p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
     p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
-    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
-    p.add_argument("--store", type=Path, default=None, metavar="DIR",
+    p.add_argument("--out", type=out_file, required=True, help="result table (CSV)")
+    p.add_argument("--store", type=out_dir, default=None, metavar="DIR",
                    help="folder that keeps every finished batch of runs (one subfolder per "
                         "model and eps label), so that a rerun trains only what it lacks")
 
@@ -282,10 +291,10 @@ def register(subparsers) -> None:
     p.add_argument("--onerun", type=Path, default=None,
                    help="one-run table (onerun-audit): its white-box rows in the tight "
                         "audits' cells")
-    p.add_argument("--out", type=Path, required=True, help="result table (CSV)")
+    p.add_argument("--out", type=out_file, required=True, help="result table (CSV)")
     p.set_defaults(func=_table)
 
     p = subparsers.add_parser("tight-plot", help="draw how tight each audit is against eps_th")
     p.add_argument("--table", type=Path, required=True, help="CSV from tight-table")
-    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.add_argument("--out", type=figure_out, required=True, help=FIGURE_HELP)
     p.set_defaults(func=_plot)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..config import SpecError, subset_schema, validate_section
 from ..device import DEVICES
-from . import seed_arg, spec_arg
+from . import FIGURE_HELP, figure_out, out_dir, out_file, seed_arg, spec_arg
 
 #: ``--mode`` of audit-impl (:data:`dpaudit.experiments.tramer.MODES`; not imported from
 #: there, which would load torch for every command's --help).
@@ -401,10 +401,10 @@ def register(subparsers) -> None:
                    help="let torchvision download Fashion-MNIST if no local copy is found")
     p.add_argument("--batch-runs", type=int, default=1000, help="runs per training call")
     p.add_argument("--seed", type=seed_arg, required=True, help="master seed of the runs")
-    p.add_argument("--out", type=Path, required=True, help="audit table CSV")
-    p.add_argument("--losses", type=Path, default=None,
+    p.add_argument("--out", type=out_file, required=True, help="audit table CSV")
+    p.add_argument("--losses", type=out_file, default=None,
                    help="per-run canary losses CSV (default: OUT with suffix _losses)")
-    p.add_argument("--store", type=Path, default=None, help=STORE_HELP)
+    p.add_argument("--store", type=out_dir, default=None, help=STORE_HELP)
     p.add_argument("--seed-check", type=int, default=None, metavar="K",
                    help="before the runs, train K seeds twice (the second time in reverse "
                         "order) and refuse the function unless each seed gives the same "
@@ -439,9 +439,9 @@ def register(subparsers) -> None:
                    help="where the registry subjects train (tramer.device), unless the "
                         "target's spec names a device")
     p.add_argument("--seed", type=seed_arg, required=True, help="master seed of the runs")
-    p.add_argument("--out", type=Path, required=True, help="audit table CSV")
-    p.add_argument("--losses", type=Path, required=True, help="per-run canary losses CSV")
-    p.add_argument("--store", type=Path, default=None, help=STORE_HELP)
+    p.add_argument("--out", type=out_file, required=True, help="audit table CSV")
+    p.add_argument("--losses", type=out_file, required=True, help="per-run canary losses CSV")
+    p.add_argument("--store", type=out_dir, default=None, help=STORE_HELP)
     p.set_defaults(func=_tramer_audit)
 
     p = subparsers.add_parser(
@@ -456,8 +456,8 @@ def register(subparsers) -> None:
     p.add_argument("--accuracy", type=Path, default=None,
                    help="losses CSV with test_acc of a re-training of some of the same runs "
                         "(same seed and config)")
-    p.add_argument("--out", type=Path, required=True, help="the recomputed audit table CSV")
-    p.add_argument("--hist", type=Path, required=True,
+    p.add_argument("--out", type=out_file, required=True, help="the recomputed audit table CSV")
+    p.add_argument("--hist", type=out_file, required=True,
                    help="histogram CSV of the evaluation losses (for tramer-plot --hist)")
     p.set_defaults(func=_reaudit)
 
@@ -466,5 +466,5 @@ def register(subparsers) -> None:
     p.add_argument("--losses", type=Path, default=None, help="losses CSV from audit-impl")
     p.add_argument("--hist", type=Path, default=None,
                    help="instead of --losses: histogram CSV from tramer-reaudit")
-    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.add_argument("--out", type=figure_out, required=True, help=FIGURE_HELP)
     p.set_defaults(func=_plot)

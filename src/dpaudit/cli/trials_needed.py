@@ -8,7 +8,21 @@ from pathlib import Path
 
 from ..config import subset_schema, validate_section
 from ..experiments.jagielski import AUDIT_KEYS
-from . import say, seed_arg, spec_arg
+from . import FIGURE_HELP, figure_out, out_file, say, seed_arg, spec_arg
+
+
+def _check_cell(cell: dict, spec: dict, path) -> None:
+    """BadInputFile unless the score table at ``path`` is of a cell the trials_needed
+    section names (its data set, model, attack, clip, init and one of its eps labels)."""
+    from ..experiments.jagielski import init_label
+    from ..io import BadInputFile
+
+    want = {"dataset": spec["dataset"], "arch": spec["arch"], "attack": spec["attack"],
+            "clip": float(spec["clip"]), "init": init_label(spec["init"])}
+    for key, value in [*want.items(), ("eps", spec["eps"])]:
+        if cell.get(key) not in (value if key == "eps" else [value]):
+            raise BadInputFile(path, f"a score table of the cell with {key} "
+                                     f"{cell.get(key)!r}, but trials_needed.{key} is {value!r}")
 
 
 def _run(args) -> None:
@@ -22,6 +36,7 @@ def _run(args) -> None:
     tables = []
     for path in args.scores:
         scores, prov = read_scores(path)
+        _check_cell(prov["cell"], spec, path)
         tables.append((scores, prov["cell"]))
 
     table = tn.study(tables, audit["alpha"], audit["delta"], audit["select_frac"],
@@ -50,14 +65,14 @@ def register(subparsers) -> None:
     p.add_argument("--audit", type=spec_arg, required=True,
                    help=f"JSON object with the jagielski keys {', '.join(AUDIT_KEYS)}")
     p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
-    p.add_argument("--out", type=Path, required=True, help="one row per subsample (CSV)")
-    p.add_argument("--summary", type=Path, required=True,
+    p.add_argument("--out", type=out_file, required=True, help="one row per subsample (CSV)")
+    p.add_argument("--summary", type=out_file, required=True,
                    help="trials needed per cell and method (CSV)")
-    p.add_argument("--md", type=Path, required=True, help="the summary as Markdown")
+    p.add_argument("--md", type=out_file, required=True, help="the summary as Markdown")
     p.set_defaults(func=_run)
 
     p = subparsers.add_parser("trials-needed-plot", help="median bound against trials per side")
     p.add_argument("--table", type=Path, required=True, help="CSV of trials-needed --out")
     p.add_argument("--summary", type=Path, required=True, help="CSV of trials-needed --summary")
-    p.add_argument("--out", type=Path, required=True, help="figure PDF (a PNG is written beside)")
+    p.add_argument("--out", type=figure_out, required=True, help=FIGURE_HELP)
     p.set_defaults(func=_plot)
