@@ -6,7 +6,7 @@ the strongest test of each audited mechanism, run through the audits' own split 
 
 - Black box (full batch, sample rate 1, 100 steps): the mechanism is exactly mu-GDP with
   mu = sqrt(steps) / sigma, sigma calibrated so that its PLD eps is the label
-  (`dpaudit.cli.tight.blackbox_noise`); the best score is N(mu, 1) against N(0, 1).
+  (`dpaudit.experiments.tight.blackbox.blackbox_noise`); the best score is N(mu, 1) against N(0, 1).
 - White box (the FMNIST cell: q = 250 / 6000, 576 steps, the noise of `config/config.yaml`'s
   FMNIST table and `tight.noise`): the canary's coordinate sees, at each step, N(0, 1)
   without the canary and N(b mu, 1) with it, b ~ Bernoulli(q), mu = 1 / sigma; the best
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dpaudit.cli.tight import blackbox_noise
+from dpaudit.experiments.tight.blackbox import blackbox_noise
 from dpaudit.experiments.tight.whitebox import audit_scores
 
 ROOT = Path(__file__).parents[1]

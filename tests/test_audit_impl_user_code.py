@@ -94,8 +94,8 @@ def _data():
 @pytest.fixture
 def audit(tmp_path, monkeypatch, capsys):
     """``audit(function, *flags)``: exit code, stderr and table path of audit-impl on tiny
-    runs of ``mine:function``."""
-    (tmp_path / "mine.py").write_text(MODULE)
+    runs of ``user_code:function``."""
+    (tmp_path / "user_code.py").write_text(MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     X, y = _data()
     monkeypatch.setattr("dpaudit.data.load_fmnist",
@@ -103,7 +103,7 @@ def audit(tmp_path, monkeypatch, capsys):
 
     def run(function, *flags, spec=SPEC):
         out = tmp_path / "res" / f"{function}.csv"
-        code = main(["audit-impl", "--train", f"mine:{function}", "--eps", "1", "--delta",
+        code = main(["audit-impl", "--train", f"user_code:{function}", "--eps", "1", "--delta",
                      "1e-5", "--alpha", "0.05", "--runs", "20", "--val-runs", "10",
                      "--n-train", str(N), "--seed", "5", "--spec", json.dumps(spec),
                      "--out", str(out), *flags])
@@ -112,11 +112,11 @@ def audit(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("function, line, frame", [
-    ("raises_in_train", "--train mine:raises_in_train raised ValueError: bad train",
+    ("raises_in_train", "--train user_code:raises_in_train raised ValueError: bad train",
      "in _helper"),
-    ("raises_in_predict", "--train mine:raises_in_predict raised ZeroDivisionError: "
+    ("raises_in_predict", "--train user_code:raises_in_predict raised ZeroDivisionError: "
                           "division by zero", "in <lambda>"),
-    ("raises_own_class", "--train mine:raises_own_class raised Oops: mine",
+    ("raises_own_class", "--train user_code:raises_own_class raised Oops: mine",
      "in raises_own_class"),
 ])
 def test_an_exception_of_the_users_code_is_one_line_after_the_users_frames(
@@ -125,7 +125,7 @@ def test_an_exception_of_the_users_code_is_one_line_after_the_users_frames(
     assert code == 2, err
     lines = err.strip().splitlines()
     assert lines[-1].endswith(line), err
-    assert "Traceback (most recent call last):" in err and frame in err and "mine.py" in err
+    assert "Traceback (most recent call last):" in err and frame in err and "user_code.py" in err
     assert "dpaudit" not in "".join(lines[:-1]).replace("dpaudit audit-impl:", ""), err
     assert not out.exists()
 
@@ -139,7 +139,7 @@ def test_an_exception_of_the_users_code_is_one_line_after_the_users_frames(
 def test_a_call_past_the_time_limit_is_named(audit, function, flags, call):
     code, err, out = audit(function, "--call-timeout", "0.3", *flags)
     assert code == 2, err
-    assert (f"--train mine:{function}: {call} ran past the per-call time limit of 0.3 s "
+    assert (f"--train user_code:{function}: {call} ran past the per-call time limit of 0.3 s "
             "(--call-timeout); no result written") in err
     assert not out.exists()
 
@@ -162,7 +162,7 @@ def test_the_time_limit_defaults_to_the_experiments_and_stays_out_of_the_table(a
 def test_white_box_refuses_a_function_that_never_inserts_the_canary(audit):
     code, err, out = audit("never_inserts", "--mode", "white-box")
     assert code == 2, err
-    assert ("--train mine:never_inserts: cannot be audited, no result written: white-box "
+    assert ("--train user_code:never_inserts: cannot be audited, no result written: white-box "
             "mode: the gradient canary never went in: after train(X, y, seeds, spec, "
             "canaries=...) of the seed check's 3 runs the canaries object passed records no "
             "training call") in err
@@ -180,7 +180,7 @@ def test_white_box_without_clip_is_refused_by_key_for_a_users_function(audit):
     code, err, out = audit("passes_canary", "--mode", "white-box",
                            spec={k: v for k, v in SPEC.items() if k != "clip"})
     assert code == 2, err
-    assert ("--spec for 'mine:passes_canary' --mode white-box: spec.clip=None: white-box "
+    assert ("--spec for 'user_code:passes_canary' --mode white-box: spec.clip=None: white-box "
             "mode needs the clipping norm C") in err
     assert len(err.strip().splitlines()) == 1 and not out.parent.exists()
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from dpaudit.canaries import Canary
 from dpaudit.cli import main
 from dpaudit.experiments import tramer
 from dpaudit.io import read_table
@@ -209,7 +210,7 @@ def test_the_chance_check_refuses_user_functions_only():
     def at_chance(X_, y_, seeds, spec):  # always class 0, deterministic in its seeds
         return lambda x: torch.tensor([[[1.0 + s % 7, 0.0]] * len(x) for s in seeds])
 
-    canary = tramer.Canary("test", torch.tensor([0.5]), 1)
+    canary = Canary("test", torch.tensor([0.5]), 1)
     args = (at_chance, X, y, canary, 1.0, 1e-5, 40, 10, {}, 0)
     with pytest.raises(tramer.Unauditable, match="at chance"):
         tramer.audit_implementation(*args, test=(X, y), seed_check=0)

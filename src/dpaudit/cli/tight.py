@@ -108,17 +108,6 @@ def _cell_store(store: Path | None, arch: str, label: str) -> Path | None:
                                                      f"{arch}_eps{label}")
 
 
-def blackbox_noise(label: str, steps: int, delta: float) -> float:
-    """The noise multiplier of full-batch DP-SGD (sample rate 1, ``steps`` steps) whose
-    add/remove eps at ``delta`` by PLD is the eps label (the rows' ``eps_th``); 0 for
-    ``inf``."""
-    from .. import accounting
-
-    eps = float(label)
-    return 0.0 if eps == math.inf else accounting.noise_multiplier(eps, 1.0, steps, delta,
-                                                                   "pld")
-
-
 def _blackbox(args) -> None:
     import pandas as pd
 
@@ -144,7 +133,7 @@ def _blackbox(args) -> None:
         model = dpsgd.ModelSpec(arch, task.X.shape[1], spec["hidden"])
         for label, _ in labels:
             try:
-                noise = blackbox_noise(label, spec["steps"], spec["delta"])
+                noise = blackbox.blackbox_noise(label, spec["steps"], spec["delta"])
                 setting = blackbox.FullBatch(spec["steps"], spec["lr"], spec["clip"], noise)
                 got = blackbox.audit(task, model, setting, spec["runs"], args.seed,
                                      tuple(spec["inits"]), spec["canary"], spec["n_aux"],

@@ -291,5 +291,15 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     return rows
 
 
+def blackbox_noise(label: str, steps: int, delta: float) -> float:
+    """The noise multiplier of full-batch DP-SGD (sample rate 1, ``steps`` steps) whose
+    add/remove eps at ``delta`` by PLD is the eps label (the rows' ``eps_th``); 0 for
+    ``inf``."""
+    eps = float(label)
+    return 0.0 if eps == math.inf else accounting.noise_multiplier(eps, 1.0, steps, delta,
+                                                                   "pld")
+
+
 __all__ = ["INITS", "CANARIES", "THREAT_MODEL", "RELATION", "PRETRAIN", "FullBatch", "split",
-           "worst_case_init", "canary", "train_scores", "trainer_digest", "audit"]
+           "worst_case_init", "canary", "train_scores", "trainer_digest", "audit",
+           "blackbox_noise"]

@@ -1,0 +1,66 @@
+"""The claim under test and what runs can show of it: the verdicts, the confidence of Tramer
+et al. 2022, the mu of the Gaussian mechanism that claims (eps, delta), and the fewest runs
+at which a perfect attack refutes a claim."""
+
+from __future__ import annotations
+
+from scipy import optimize
+
+from ... import bounds
+
+
+#: The confidence of the lecture's worked check of Tramer et al. 2022: each claim holds
+#: with probability at least 1 - 1e-10.
+ALPHA = 1e-10
+
+
+VIOLATES = "violates its claimed guarantee"
+
+
+#: The verdict where only the profile test fired (:func:`dpaudit.bounds.profile_audit`).
+VIOLATES_PROFILE = "violates the claimed DP-SGD privacy profile"
+
+
+NO_VIOLATION = "no violation detected"
+
+
+def mu_claimed(eps: float, delta: float) -> float:
+    """mu of the Gaussian mechanism that is exactly (eps, delta)-DP: the root of
+    ``delta_from_mu(mu, eps) = delta`` ([DRS19] Corollary 2.13; increasing in mu)."""
+    f = lambda mu: bounds.delta_from_mu(mu, eps) - delta  # noqa: E731
+    hi = 1.0
+    while f(hi) < 0:
+        hi *= 2
+    return float(optimize.brentq(f, 1e-12, hi, xtol=1e-14, rtol=1e-12))
+
+
+def verdict(eps_lb: float, claimed_eps: float, profile_violated: bool = False) -> str:
+    """The verdict, naming the test that fired: the eps test (``eps_lb`` above the claimed
+    eps) before the profile test, which refutes less."""
+    if eps_lb > claimed_eps:
+        return VIOLATES
+    return VIOLATES_PROFILE if profile_violated else NO_VIOLATION
+
+
+def max_eps_lb(runs: int, delta: float, alpha: float = ALPHA) -> float:
+    """eps_LB of a perfect attack (TPR = 1, FPR = 0) on ``runs`` evaluation runs per side."""
+    return bounds.eps_lb_clopper_pearson(runs, runs, 0, runs, alpha, delta)
+
+
+def min_runs(claimed_eps: float, delta: float, alpha: float = ALPHA) -> int:
+    """Fewest evaluation runs per side at which a perfect attack's eps_LB exceeds ``claimed_eps``.
+
+    With all n positive and no negative runs "in", the one-sided bounds are
+    ``TPR_lo = (alpha/2)^(1/n)`` and ``FPR_hi = 1 - TPR_lo``, so the best possible
+    ``eps_LB = ln((TPR_lo - delta) / (1 - TPR_lo))`` grows with n; below the returned n no
+    attack can refute the claim at confidence ``1 - alpha`` (e.g. 40 for (0.21, 1e-5) at
+    alpha = 1e-10).
+    """
+    hi = 1
+    while max_eps_lb(hi, delta, alpha) <= claimed_eps:
+        hi *= 2
+    lo = hi // 2  # max_eps_lb(lo) <= claimed_eps (or lo = 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if max_eps_lb(mid, delta, alpha) > claimed_eps else (mid, hi)
+    return hi

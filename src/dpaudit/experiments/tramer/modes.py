@@ -1,0 +1,239 @@
+"""The tight modes of the audit (the package docstring): ``worst-case-init``, the auditor's
+initial parameters, and ``white-box``, a gradient canary at every sampled step and every
+iterate scored, with the check that the canary went in."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ... import dpsgd, seeds, subjects
+from ...trials import Side, run as run_trials
+from .claim import ALPHA
+from .profile import ClaimedProfile
+from .runs import (CALL_LIMIT, SEED_CHECK, Progress, Unauditable, check_options, run_seeds,
+                   user_call)
+from .statistics import GROUPS, audit_scores
+
+
+#: Modes of the audit (module docstring), the default first.
+MODES = ("black-box", "worst-case-init", "white-box")
+
+
+#: The keyword argument each tight mode passes to the training function, and what it is.
+MODE_KEYWORDS = {"worst-case-init": ("init", "the auditor's initial parameters, a "
+                                     "dpaudit.dpsgd.Params of one model"),
+                 "white-box": ("canaries", "a dpaudit.dpsgd.GradientCanaries to insert, the "
+                               "function returning the runs' dpaudit.dpsgd.CanaryRun")}
+
+
+#: The tight modes insert (add) a canary: the claim is an add/remove eps.
+RELATION = "add/remove"
+
+
+def check_mode(train_fn, mode: str) -> None:
+    """ValueError naming ``mode`` unless it is one of :data:`MODES` and ``train_fn``
+    accepts the keyword argument it passes (:data:`MODE_KEYWORDS`), by name or ``**kwargs``."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: must be one of {MODES}")
+    if mode not in MODE_KEYWORDS:
+        return
+    name, what = MODE_KEYWORDS[mode]
+    try:
+        params = inspect.signature(train_fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    ok = any(p.kind is p.VAR_KEYWORD for p in params.values()) or (
+        name in params and params[name].kind in (params[name].POSITIONAL_OR_KEYWORD,
+                                                 params[name].KEYWORD_ONLY))
+    if not ok:
+        fn = getattr(train_fn, "__qualname__", repr(train_fn))
+        raise ValueError(f"mode {mode!r}: the training function {fn} takes no keyword "
+                         f"argument {name!r}; this mode calls train(X, y, seeds, spec, "
+                         f"{name}=...) with {what} (docs/audit_your_implementation.md)")
+
+
+def pretrained_init(X_aux: torch.Tensor, y_aux: torch.Tensor, model: dpsgd.ModelSpec,
+                    seed: int, device="cpu") -> dpsgd.Params:
+    """The worst-case initial parameters of one model: Glorot-normal weights pre-trained by
+    plain SGD (no clipping, no noise; the settings of the black-box tight audit,
+    :data:`dpaudit.experiments.tight.blackbox.PRETRAIN`) on auxiliary rows, seeded by
+    ``seed``; by default on the CPU, so that every machine starts its runs from the same
+    init bit for bit (the draws are the same on every device, the products' rounding is
+    not)."""
+    from ..tight.blackbox import PRETRAIN
+
+    cfg = dpsgd.DPSGDConfig(PRETRAIN["epochs"], min(PRETRAIN["batch_size"], len(X_aux)),
+                            PRETRAIN["lr"], 1e12, 0.0, "shuffle")  # no gradient reaches 1e12
+    return dpsgd.train(torch.as_tensor(X_aux), torch.as_tensor(y_aux), model, cfg,
+                       seeds.int_seeds(1, int(seed), "tramer/worst-case-init"), device=device)
+
+
+def _tight_columns(mode: str, method: str, threat_model: str, claimed_eps: float) -> dict:
+    """The columns a tight mode adds to the row (the tight-audit table's convention)."""
+    return {"mode": mode, "method": method, "threat_model": threat_model,
+            "relation": RELATION, "eps_th": claimed_eps, "certified": True}
+
+
+def _canary_scores(run, count: int) -> dict:
+    """The per-run scores of a white-box call's ``run`` (a CanaryRun): ``score`` the
+    likelihood ratio ``llr`` (the dot-sum ``scores`` where it is None, without noise),
+    ``is_llr`` which, ``dot_sum``; refused (:class:`Unauditable`) unless they are (count, 1)
+    floating tensors."""
+    def column(name: str):
+        v = getattr(run, name, None)
+        if v is None and name == "llr":
+            return None
+        if not (isinstance(v, torch.Tensor) and v.is_floating_point()
+                and tuple(v.shape) == (count, 1)):
+            got = type(v).__name__ + (f" of shape {tuple(v.shape)}" if hasattr(v, "shape")
+                                      else "")
+            raise Unauditable(f"white-box mode: train(..., canaries=...) returned {name} "
+                              f"{got}; the contract is a dpaudit.dpsgd.CanaryRun whose "
+                              f"{name} is a floating tensor (len(seeds)={count}, 1)")
+        return np.nan_to_num(v[:, 0].double().cpu().numpy(), nan=-np.inf, posinf=np.inf,
+                             neginf=-np.inf)
+
+    dot, llr = column("scores"), column("llr")
+    return {"score": dot if llr is None else llr, "is_llr": np.full(count, llr is not None),
+            "dot_sum": dot}
+
+
+def whitebox_clip(spec: dict) -> float:
+    """The clipping norm C of a white-box audit, the gradient canary's norm: ``spec["clip"]``,
+    else a ValueError naming the key."""
+    clip = spec.get("clip")
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 < clip < np.inf:
+        raise ValueError(f"spec.clip={clip!r}: white-box mode needs the clipping norm C the "
+                         "function clips to (> 0, finite): the gradient canary's norm")
+    return float(clip)
+
+
+#: How unlikely a count of canary insertions may be under the draws at its rate before
+#: :func:`check_insertions` refuses it.
+INSERTION_ALPHA = 1e-10
+
+
+def check_insertions(given: dpsgd.GradientCanaries, runs: int, inside: bool,
+                     call: str) -> None:
+    """Refuse (:class:`Unauditable`) a white-box ``call`` of ``runs`` runs after which the
+    canaries object it was ``given`` does not record (:meth:`dpaudit.dpsgd.GradientCanaries.
+    record`) that the canary went in: no training call took it; counts of another shape;
+    insertions into runs without it; or, on runs with it (``inside``), a total so far from
+    the ``steps * runs`` draws at its rate (Binomial) that its probability is below
+    :data:`INSERTION_ALPHA` on either side (e.g. none at all where dozens were due). Scores
+    of runs without the canary on both sides would otherwise read "no violation"."""
+    from scipy import stats
+
+    if not given.insertions:
+        raise Unauditable(
+            f"white-box mode: the gradient canary never went in: after {call} the canaries "
+            "object passed records no training call (GradientCanaries.insertions is empty); "
+            "pass it on as dpaudit.dpsgd.train(..., canaries=canaries), or, with another "
+            "trainer, insert it and call canaries.record(steps, rate, counts)")
+    for ins in given.insertions:
+        if tuple(ins.counts.shape) != (runs, 1):
+            raise Unauditable(f"white-box mode: after {call} the canaries object records "
+                              f"insertion counts of shape {tuple(ins.counts.shape)}, not "
+                              f"(len(seeds)={runs}, 1)")
+        total, draws = int(ins.counts.sum()), ins.steps * runs
+        if not inside and total:
+            raise Unauditable(f"white-box mode: {call} inserted the canary {total} times "
+                              "into runs without it")
+        if inside and min(stats.binom.cdf(total, draws, ins.rate),
+                          stats.binom.sf(total - 1, draws, ins.rate)) < INSERTION_ALPHA:
+            raise Unauditable(
+                f"white-box mode: {call} inserted the canary {total} times in {ins.steps} "
+                f"steps of {runs} runs, where sampling at rate {ins.rate:g} inserts about "
+                f"{draws * ins.rate:.4g} (probability of so few or so many below "
+                f"{INSERTION_ALPHA:g})")
+
+
+def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: float,
+                   delta: float, runs: int, val_runs: int, spec: dict, seed: int,
+                   alpha: float = ALPHA, batch_runs: int = 1000,
+                   progress: Progress | None = None, store=None, key: dict | None = None,
+                   seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
+                   profile: ClaimedProfile | None = None,
+                   call_limit: float | None = CALL_LIMIT) -> tuple[dict, pd.DataFrame]:
+    """The white-box mode (module docstring): ``train_fn(X, y, seeds, spec,
+    canaries=GradientCanaries(g, included))`` with one Dirac canary g of norm ``spec["clip"]``
+    (:func:`dpaudit.experiments.tight.whitebox.canary`, in the layout of the model of
+    ``spec``, :func:`dpaudit.subjects.model_spec`), ``included`` True on the runs with the
+    canary; each run's score is its ``llr`` (``scores`` without noise), and the runs,
+    threshold and bounds are those of :func:`audit_implementation` on it. Returns the row
+    and the per-run scores (split, canary_in, run, seed, score). Refuses
+    (:class:`Unauditable`) what breaks the contract, runs that do not follow their seeds
+    (``seed_check`` of them trained twice, the second time in reverse order, must give the
+    same scores, and different seeds different ones) and more than ``max_diverged`` runs
+    with a non-finite score, and calls after which the canaries object passed does not
+    record that the canary went in as its draws make likely (:func:`check_insertions`).
+    ``profile`` and ``call_limit``: as in :func:`audit_implementation`."""
+    from ..tight.whitebox import METHODS, canary as dirac_canary
+
+    if runs < 1 or val_runs < 1:
+        raise ValueError("runs and val_runs must be >= 1")
+    check_options(seed_check, max_diverged)
+    check_mode(train_fn, "white-box")
+    clip = whitebox_clip(spec)
+    model = subjects.model_spec(spec, X.shape[1], int(y.max()) + 1)
+    # On the CPU: the same canary on every machine; the trainer moves it where it trains.
+    direction = dirac_canary(X.numpy(), model, float(clip), seed, device="cpu")
+
+    def scores_of(chunk: list[int], inside: bool, runs: str) -> dict:
+        given = dpsgd.GradientCanaries(direction, torch.full((len(chunk), 1), bool(inside)))
+        call = f"train(X, y, seeds, spec, canaries=...) of the {runs}"
+        run = user_call(call, call_limit, train_fn, X, y, list(chunk), spec, canaries=given)
+        scores = _canary_scores(run, len(chunk))
+        check_insertions(given, len(chunk), inside, call)
+        return scores
+
+    if seed_check:
+        check = run_seeds(seed, "seed-check", False, seed_check)
+        runs_name = f"seed check's {len(check)} runs"
+        a = scores_of(check, True, runs_name)["dot_sum"]
+        b = scores_of(check[::-1], True, runs_name)["dot_sum"][::-1]
+        scale = float(np.abs(a[np.isfinite(a)]).max(initial=0.0))
+        if not np.allclose(a, b, rtol=0.0, atol=1e-4 * scale, equal_nan=True):
+            raise Unauditable(f"not deterministic in its seed: the runs of seeds {check} "
+                              f"gave other canary scores when trained again in reverse "
+                              f"order ({a} then {b}); take all of a run's randomness from "
+                              "its own seed")
+        if np.all(a == a[0]):
+            raise Unauditable(f"the runs of {len(check)} different seeds {check} gave "
+                              "identical canary scores: the function ignores its seeds")
+
+    def side(split: str, canary_in: bool, n: int) -> Side:
+        return Side(f"{split} runs {'with' if canary_in else 'without'} canary",
+                    run_seeds(seed, split, canary_in, n),
+                    {"split": split, "canary_in": canary_in})
+
+    out = run_trials([side(sp, c, n) for sp, c in GROUPS
+                      for n in [val_runs if sp == "validation" else runs]],
+                     lambda s, start, chunk: scores_of(
+                         chunk, s.columns["canary_in"],
+                         f"{s.name} {start}-{start + len(chunk) - 1}"),
+                     batch_runs, progress, store=store, key={**(key or {}), "mode": "white-box"})
+    is_llr = bool(out.is_llr.all())
+    if out.is_llr.any() != is_llr:
+        raise Unauditable("white-box mode: some calls returned llr and others None")
+    table = out.rename(columns={"trial": "run"})[["split", "canary_in", "run", "seed",
+                                                   "score"]]
+    diverged = int((~np.isfinite(table.score)).sum())
+    if diverged > max_diverged * len(table):
+        raise Unauditable(f"{diverged} of {len(table)} runs diverged (non-finite canary "
+                          f"score); at most max_diverged={max_diverged:g} of them may")
+    groups = {k: g.score.to_numpy(float) for k, g in table.groupby(["split", "canary_in"])}
+    method = "whitebox-llr" if is_llr else "whitebox-dot-sum"
+    row = {"claimed_eps": claimed_eps, "delta": delta, "runs": runs, "val_runs": val_runs,
+           "alpha": alpha, "canary": "dirac-gradient", "seed": seed,
+           "total_runs": len(table), "usable_runs": len(table) - diverged,
+           "diverged_runs": diverged, "seed_check": seed_check,
+           **audit_scores(groups[("validation", True)], groups[("validation", False)],
+                          groups[("evaluation", True)], groups[("evaluation", False)],
+                          claimed_eps, delta, alpha, profile),
+           **_tight_columns("white-box", method, METHODS[method], claimed_eps)}
+    return row, table
