@@ -102,7 +102,8 @@ def test_bad_config_stops_naming_the_key(tmp_path, path, value, words):
 
 
 def test_unknown_target_names_the_targets_that_exist(tmp_path):
-    """A target no rule makes: one message naming the named targets and the figures,
+    """A target no rule makes: one message naming the named targets and the figures (the
+    named targets' too, no table),
     instead of Snakemake's bare MissingRuleException; a real target beside it is not
     named."""
     out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--",
@@ -111,6 +112,10 @@ def test_unknown_target_names_the_targets_that_exist(tmp_path):
     assert out.returncode != 0 and "MissingRuleException" not in text
     assert "figures/hw3_eps_vs_n.pdf: no rule makes it. A target is a name (abadi, all," in text
     assert "figures/hw3_eps_vs_m.pdf, figures/jagielski_fig2.pdf" in text
+    figures = text[text.index("a figure ("):text.index(") or any other file")]
+    # the named targets' figures too, and only figures
+    assert "figures/tight_audit.pdf, figures/tramer_canary_losses.pdf" in figures
+    assert "figures/reference/tight_audit.pdf" in figures and ".html" not in figures
 
 
 def test_nested_config_values_given_as_text_are_read_as_the_schema_wants(tmp_path):
