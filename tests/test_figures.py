@@ -6,6 +6,7 @@ something."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import jinja2
@@ -71,7 +72,7 @@ def _abadi_table(path, reach: dict[str, bool]) -> None:
                          "train_acc": 0.1 + 0.2 * epoch, "test_acc": 0.1 + 0.18 * epoch,
                          "eps": target * epoch / 4 * (1.0 if reached else 0.5),
                          "delta": 1e-5, "accountant": "rdp_classic", "eps_target": target,
-                         "seed": 0, "pretrained_on": None})
+                         "seed": 0, "pretrained_on": None, "jpeg_reencoded": False})
     write_table(pd.DataFrame(rows, columns=COLUMNS), path, {})
 
 
@@ -249,7 +250,36 @@ def test_tight_caption_gives_each_audits_level_init_and_labels(quick_config):
     assert "64 runs per side, Clopper-Pearson at 95%" in text
     assert "Figure 2 cells at init fixed, 40 models per side, 99%, trained with shuffle" in text
     assert "1000 gradient canaries, init fixed, f-DP bound at 95%" in text
-    assert "jagielski.fig2.eps ['4', 'inf'] and onerun.eps ['4', 'inf']" in text
+    assert "labels of jagielski.fig2.eps, 4, inf, and of onerun.eps, 4, inf)" in text
+
+
+# every caption's wildcards and the values the rules give them
+CAPTION_WILDCARDS = {"figure": ["fig3", "fig6", "tramer", "audit_user"],
+                     "grid": ["eps", "m", "d"], "experiment": ["fig2", "table2"]}
+
+
+@pytest.mark.parametrize("config_name", ["quick", "full"])
+def test_captions_quote_the_config_as_a_reader_writes_it(quick_config, config_name):
+    """No caption prints a Python list or dict (``['4', 'inf']``, ``{'d': [...]}``), a
+    config code for a data set, model or attack (``fmnist / fnn``), or "1 epochs"."""
+    import itertools
+
+    import yaml
+
+    config = quick_config if config_name == "quick" else yaml.safe_load(
+        (ROOT / "config/config.yaml").read_text())
+    config = {**config, "abadi": {**config["abadi"], "fig3": {
+        **config["abadi"]["fig3"], "lr_decay_epochs": 1, "max_epochs": 1}}}
+    rendered = 0
+    for path in sorted((ROOT / "workflow/report").glob("*.rst")):
+        names = sorted(set(re.findall(r"snakemake\.wildcards\.(\w+)", path.read_text())))
+        for values in itertools.product(*(CAPTION_WILDCARDS[n] for n in names)):
+            text = _caption(path.name, config, **dict(zip(names, values)))
+            rendered += 1
+            assert not re.search(r"[\[\]{}]|'\w+'|\b1 epochs\b", text), (path.name, text)
+            assert not re.search(r"\b(fmnist|cifar|fnn|lr|clipbkd|dirac|pca)\b", text), (
+                path.name, text)
+    assert rendered >= 17
 
 
 def test_trials_needed_title_says_where_no_range_is_shaded(tmp_path, monkeypatch):
