@@ -329,6 +329,8 @@ def test_cli_trains_both_figures_on_tiny_data(tmp_path, monkeypatch):
     assert (f3.dataset == "fmnist").all() and (f3.n_train == 100).all()
     assert (f6.dataset == "cifar10").all() and (f6.n_train == 40).all()
     assert f6.pretrained_on.str.startswith("cifar10-heldout[30]").all()
+    # an ImageFolder tree is read as the JPEG re-encoding (docs/data.md): every row says so
+    assert f6.jpeg_reencoded.all() and not f3.jpeg_reencoded.any()
     # eps: the PCA's alone at epoch 0 (Figure 3: a Gaussian's RDP a / (2 sigma_p^2) at the
     # moments accountant's orders), none at epoch 0 of Figure 6, then growing
     orders = np.array(accounting.CLASSIC_ORDERS)
@@ -351,6 +353,14 @@ def test_cli_trains_both_figures_on_tiny_data(tmp_path, monkeypatch):
         assert main(["abadi-plot", "--figure", fig, "--table", "acc.csv", "--out",
                      f"{fig}.pdf"]) == 0
         assert (tmp_path / f"{fig}.png").stat().st_size > 0
+    from dpaudit.plots import abadi as abadi_plots
+
+    titles = []
+    monkeypatch.setattr(abadi_plots, "save", lambda fig, out: titles.append(
+        fig._suptitle.get_text()))
+    for fig in ("fig3", "fig6"):
+        abadi_plots.plot_abadi("acc.csv", fig, "unused.pdf")
+    assert "(JPEG re-encoded)" in titles[1] and "JPEG" not in titles[0]
     # the exact PCA: a non-private baseline with eps = inf, refused with an eps target
     exact = {"name": "exact", "sigma": 2.0, "sigma_pca": 0.0, "eps": None}
     args = ["abadi-train", "--figure", "fig3", "--spec", json.dumps({**fig3, "max_epochs": 1}),

@@ -193,3 +193,43 @@ def test_docs_cite_by_author_not_by_input_file_or_issue():
     found = [f"{name}: {match.group(0)!r}" for name, text in texts.items()
              for match in pattern.finditer(text)]
     assert not found, found
+
+
+def test_readme_audit_example_runs_and_gives_the_verdict_it_explains(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The README's "Audit your own DP-SGD" command, verbatim but for fewer runs, on a
+    function of its contract that adds no noise: the audit runs and prints the verdict the
+    README explains."""
+    import shlex
+
+    import torch
+
+    from dpaudit.cli import main
+
+    block = README.read_text().split("## Audit your own DP-SGD")[1].split("```bash\n")[1]
+    block = block.split("```")[0]
+    signature, command, verdict = block.strip().splitlines()
+    assert "def train(X, y, seeds, spec)" in signature
+    env, program, *argv = shlex.split(command)
+    assert (env, program) == ("PYTHONPATH=.", "dpaudit") and argv[0] == "audit-impl"
+    assert argv[argv.index("--train") + 1] == "my_dpsgd:train"
+    argv[argv.index("--runs") + 1] = "100"  # the fewest at eps 1 is 76
+    argv[argv.index("--out") + 1] = str(tmp_path / "my_audit.csv")
+    (tmp_path / "my_dpsgd.py").write_text(
+        "import torch\n\n"
+        "def train(X, y, seeds, spec):  # one gradient step from a seeded init, no noise\n"
+        "    g = (X[:, :, None] * (0.5 - torch.nn.functional.one_hot(y, spec['n_classes'])"
+        ")[:, None, :]).sum(0)\n"
+        "    W = torch.stack([torch.randn(g.shape, generator=torch.Generator().manual_seed(s))"
+        " * 1e-3 - g for s in seeds])\n"
+        "    return lambda x: x @ W\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    y = torch.arange(100) % 2
+    X = (torch.randn(100, 784, generator=torch.Generator().manual_seed(0))
+         + (2 * y[:, None] - 1) * 0.2)  # two classes a linear model tells apart
+    monkeypatch.setattr("dpaudit.data.load_fmnist",
+                        lambda root, classes, **kw: (X.numpy(), y.numpy()))
+    assert main([*argv, "--val-runs", "10", "--n-train", "100"]) == 0
+    said = re.search(r'"([a-z ]+)"', verdict).group(1)
+    assert said == "violates its claimed guarantee" and f": {said};" in capsys.readouterr().err
+    assert "no violation detected" in verdict

@@ -6,6 +6,7 @@ something."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import jinja2
@@ -53,6 +54,44 @@ def _assert_legend_is_drawn(fig, proxies=()) -> None:
         assert label in drawn or label in map(_words, proxies), label
 
 
+def _under_equal_series(fig) -> set[str]:
+    """The series (lines of one label, or of one gid: a line broken at inf) that, in every
+    panel drawing them, have exactly the points of another series drawn above them."""
+    hidden: dict[str, bool] = {}
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        series: dict[str, list] = {}
+        keys = {id(c.lines[0]): c.get_label() for c in ax.containers
+                if hasattr(c, "has_xerr")}  # an errorbar's label is its container's
+        for i, line in enumerate(ax.get_lines()):
+            key = (keys.get(id(line)) or line.get_gid() or line.get_label()).split(
+                " [drawn under")[0]
+            xy = np.asarray(line.get_xydata(), float)
+            xy = xy[np.isfinite(xy).all(axis=1)]
+            if line.get_visible() and len(xy) and not key.startswith("_"):
+                series.setdefault(key, []).append(((line.get_zorder(), i), xy))
+        points = {k: np.unique(np.vstack([xy for _, xy in v]), axis=0)
+                  for k, v in series.items()}
+        top = {k: max(order for order, _ in v) for k, v in series.items()}
+        for key in series:
+            under = any(other != key and top[other] > top[key]
+                        and points[other].shape == points[key].shape
+                        and np.array_equal(points[other], points[key]) for other in series)
+            hidden[key] = hidden.get(key, True) and under
+    return {_words(k) for k, under in hidden.items() if under}
+
+
+def _assert_hidden_series_say_so(fig, expected: int) -> None:
+    """Every legend entry of a series hidden under an equal one says so, no other does,
+    and there are ``expected`` of them."""
+    hidden = _under_equal_series(fig)
+    assert len(hidden) == expected, hidden
+    for label in _legend_labels(fig):
+        base = label.split(" [drawn under")[0]
+        assert ("[drawn under" in label) == (base in hidden), label
+
+
 # ------------------------------------------------------------------------------ Abadi
 
 def _abadi_table(path, reach: dict[str, bool]) -> None:
@@ -71,7 +110,7 @@ def _abadi_table(path, reach: dict[str, bool]) -> None:
                          "train_acc": 0.1 + 0.2 * epoch, "test_acc": 0.1 + 0.18 * epoch,
                          "eps": target * epoch / 4 * (1.0 if reached else 0.5),
                          "delta": 1e-5, "accountant": "rdp_classic", "eps_target": target,
-                         "seed": 0, "pretrained_on": None})
+                         "seed": 0, "pretrained_on": None, "jpeg_reencoded": False})
     write_table(pd.DataFrame(rows, columns=COLUMNS), path, {})
 
 
@@ -198,6 +237,101 @@ def test_jagielski_fig2_breaks_lines_at_inf_and_keeps_markers_inside(quick_fig2,
     assert width < 2100 and height < 2000
 
 
+def test_fig2_legend_says_which_series_hide_under_equal_ones(quick_fig2, tmp_path,
+                                                              monkeypatch):
+    """MI's Katz and Bayesian bounds equal to its certified one in every cell: drawn under
+    its filled markers (the certified bounds are drawn on top), their legend entries say
+    so; the others' do not."""
+    from dpaudit.plots import jagielski
+
+    _, df = quick_fig2
+    mi = df.attack == "mi"
+    df.loc[mi, "eps_lb_katz"] = df.loc[mi, "eps_lb_bayes"] = df.loc[mi, "eps_lb"]
+    write_table(df, tmp_path / "equal.csv", {})
+    figures = _capture(monkeypatch, jagielski)
+    jagielski.plot_fig2(tmp_path / "equal.csv", tmp_path / "f.pdf")
+    _assert_legend_is_drawn(figures[0], proxies=[jagielski.SPLIT_LABEL])
+    _assert_hidden_series_say_so(figures[0], expected=2)
+    labels = [lab for lab in _legend_labels(figures[0]) if "[drawn under" in lab]
+    assert all(lab.startswith("MI: ") and '"MI: 99% lower bound"' in lab for lab in labels)
+
+
+def _onerun_table(path, last_equals_all: bool) -> None:
+    rows = []
+    for label, pld in (("4", 1.28), ("inf", math.inf)):
+        for canary, threat in (("input", "black-box"), ("dirac", "last-iterate"),
+                               ("dirac", "all-iterates")):
+            for rep in range(2):
+                bound = 0.0 if canary == "input" else 0.2 + 0.1 * rep + (
+                    0.0 if last_equals_all or threat == "all-iterates" else 0.3)
+                rows.append({"arch": "lr", "eps_label": label, "canary": canary,
+                             "threat_model": threat, "m": 100, "repeat": rep,
+                             "delta": 1e-5, "eps_pld": pld * (1.0 if canary == "dirac"
+                                                               else 0.99),
+                             "eps_lb": 0.5 * bound, "eps_lb_fdp": bound})
+    write_table(pd.DataFrame(rows), path, {})
+
+
+@pytest.mark.parametrize("last_equals_all", [True, False])
+def test_onerun_legend_breaks_at_inf_labels_every_pld_and_says_what_hides(
+        tmp_path, monkeypatch, last_equals_all):
+    """The last-iterate bounds equal to the all-iterates ones hide under them and say so;
+    no line joins label 4 to inf; both PLD diamonds carry their value; markers at 0 are
+    drawn whole."""
+    from dpaudit.plots import onerun
+
+    _onerun_table(tmp_path / "t.csv", last_equals_all)
+    figures = _capture(monkeypatch, onerun)
+    onerun.plot_onerun(tmp_path / "t.csv", tmp_path / "f.pdf")
+    fig = figures[0]
+    _assert_legend_is_drawn(fig)
+    # the input canaries' Steinke et al. bound (0) under their f-DP one, and the last
+    # iterate's two under the all-iterates ones where equal
+    _assert_hidden_series_say_so(fig, expected=3 if last_equals_all else 1)
+    ax = fig.axes[0]
+    for line in ax.get_lines():
+        xy = np.asarray(line.get_xydata(), float)
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        if line.get_linestyle() not in ("None", "none", " ", "") and len(xy) > 1:
+            assert np.ptp(xy[:, 0]) == 0 or 1 not in xy[:, 0], line.get_label()  # inf: x 1
+    values = {t.get_text() for t in ax.texts}
+    assert {"1.28", "1.27"} <= values  # dirac and input canaries' eps by PLD
+    assert not any(line.get_clip_on() for line in ax.get_lines()
+                   if "bound" in line.get_label())
+
+
+def test_ridge_legend_says_app_d_hides_under_equal_fdp(tmp_path, monkeypatch):
+    from dpaudit.plots import ridge
+
+    rows = [{"rho": rho, "repeat": rep, "delta": 1e-5, "m": 40, "d": 40, "n": 40,
+             "eps_lb": 0.1 * rho + 0.01 * rep, "eps_lb_fdp": 0.1 * rho + 0.01 * rep,
+             "eps_hat_max": 0.3 * rho, "eps_theory_bs": 2 * rho + 1, "eps_theory_exact": rho + 1}
+            for rho in (0.5, 2.0) for rep in range(2)]
+    write_table(pd.DataFrame(rows), tmp_path / "t.csv", {})
+    figures = _capture(monkeypatch, ridge)
+    ridge.plot_audit(tmp_path / "t.csv", tmp_path / "f.pdf")
+    _assert_hidden_series_say_so(figures[0], expected=1)
+    (label,) = [lab for lab in _legend_labels(figures[0]) if "[drawn under" in lab]
+    assert "vs. exact GDP conversion" in label and '"f-DP' in label
+
+
+def test_tramer_threshold_line_ends_below_the_legend(tmp_path, monkeypatch):
+    from dpaudit.plots import tramer
+
+    figures = _capture(monkeypatch, tramer)
+    tramer.plot_canary_losses(ROOT / "reference/tramer_audit.csv", tmp_path / "f.pdf",
+                              hist=ROOT / "reference/tramer_audit_hist.csv")
+    fig = figures[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend().get_window_extent(renderer)
+        (line,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("threshold")]
+        top = ax.transAxes.transform((0, line.get_ydata()[1]))[1]
+        bars = max(p.get_window_extent(renderer).y1 for p in ax.patches)
+        assert bars <= top < legend.y0, ax.get_title()
+
+
 # ------------------------------------------------------------------------------ captions
 
 class _Snake:
@@ -249,7 +383,36 @@ def test_tight_caption_gives_each_audits_level_init_and_labels(quick_config):
     assert "64 runs per side, Clopper-Pearson at 95%" in text
     assert "Figure 2 cells at init fixed, 40 models per side, 99%, trained with shuffle" in text
     assert "1000 gradient canaries, init fixed, f-DP bound at 95%" in text
-    assert "jagielski.fig2.eps ['4', 'inf'] and onerun.eps ['4', 'inf']" in text
+    assert "labels of jagielski.fig2.eps, 4, inf, and of onerun.eps, 4, inf)" in text
+
+
+# every caption's wildcards and the values the rules give them
+CAPTION_WILDCARDS = {"figure": ["fig3", "fig6", "tramer", "audit_user"],
+                     "grid": ["eps", "m", "d"], "experiment": ["fig2", "table2"]}
+
+
+@pytest.mark.parametrize("config_name", ["quick", "full"])
+def test_captions_quote_the_config_as_a_reader_writes_it(quick_config, config_name):
+    """No caption prints a Python list or dict (``['4', 'inf']``, ``{'d': [...]}``), a
+    config code for a data set, model or attack (``fmnist / fnn``), or "1 epochs"."""
+    import itertools
+
+    import yaml
+
+    config = quick_config if config_name == "quick" else yaml.safe_load(
+        (ROOT / "config/config.yaml").read_text())
+    config = {**config, "abadi": {**config["abadi"], "fig3": {
+        **config["abadi"]["fig3"], "lr_decay_epochs": 1, "max_epochs": 1}}}
+    rendered = 0
+    for path in sorted((ROOT / "workflow/report").glob("*.rst")):
+        names = sorted(set(re.findall(r"snakemake\.wildcards\.(\w+)", path.read_text())))
+        for values in itertools.product(*(CAPTION_WILDCARDS[n] for n in names)):
+            text = _caption(path.name, config, **dict(zip(names, values)))
+            rendered += 1
+            assert not re.search(r"[\[\]{}]|'\w+'|\b1 epochs\b", text), (path.name, text)
+            assert not re.search(r"\b(fmnist|cifar|fnn|lr|clipbkd|dirac|pca)\b", text), (
+                path.name, text)
+    assert rendered >= 17
 
 
 def test_trials_needed_title_says_where_no_range_is_shaded(tmp_path, monkeypatch):

@@ -456,3 +456,70 @@ def test_the_reference_tight_tables_are_the_full_config_and_draw_without_trainin
             cell(arch, label, "blackbox-glorot-init"), f"{wb_th:.2f}",
             cell(arch, label, "whitebox-llr"), cell(arch, label, "whitebox-dot-sum"),
             f"{heuristic.eps_lb.item():.2f}"], (arch, label)
+
+
+def test_docs_tight_sentences_say_what_the_reference_tables_show():
+    """docs/tight.md's sentences on the full table, against the kept tables: the black
+    box's ideal AUC Phi(mu / sqrt 2) and the measured ones, the largest certified share of
+    eps_th (measured, the ideal tests' means and draws from the page's own ideal table), the
+    19 of 20 rows inside the ideal ranges, Clopper-Pearson's cap at 500 evaluation runs per
+    side, and the eps of mu = 2."""
+    import re
+
+    from dpaudit.bounds import eps_from_mu, eps_lb_clopper_pearson
+
+    docs = " ".join((ROOT / "docs/tight.md").read_text().split())
+    wb, _ = read_table(ROOT / "reference/tight_whitebox.csv")
+    bb, _ = read_table(ROOT / "reference/tight_blackbox.csv")
+    labels = [1, 2, 4, 8, 10]
+
+    def mu_of(eps):
+        return optimize.brentq(lambda m: eps_from_mu(m, DELTA) - eps, 1e-6, 20)
+
+    def listed(values):
+        *head, last = [f"{v:.2f}" for v in values]
+        return ", ".join(head) + " and " + last
+
+    ideal_auc = [stats.norm.cdf(mu_of(e) / math.sqrt(2)) for e in labels]
+    assert f"Phi(mu / sqrt 2): {listed(ideal_auc)} at labels 1 to 10" in docs
+    worst = bb[bb.method == "blackbox-worst-case-init"].set_index(["arch", "eps_label"]).auc
+    fnn, lr = [worst[("fnn", e)] for e in labels], [worst[("lr", e)] for e in labels]
+    assert f"FNN rows measure {listed(fnn)};" in docs
+    gaps = np.subtract(ideal_auc, lr)
+    assert np.round(gaps.min(), 2) == 0.01 and np.round(gaps.max(), 2) == 0.02
+    assert (f"({lr[0]:.2f} against {ideal_auc[0]:.2f} at label 1, {lr[1]:.2f} against "
+            f"{ideal_auc[1]:.2f} at label 2, then {lr[2]:.2f}, {lr[3]:.2f}, {lr[4]:.2f})") in docs
+
+    certified = pd.concat([wb[wb.certified], bb[bb.certified]], ignore_index=True)
+    share = certified.eps_lb / certified.eps_th
+    top = certified.loc[share.idxmax()]
+    assert (top.arch, top.method, top.eps_label) == ("lr", "blackbox-worst-case-init", 8)
+    assert f"at most {share.max():.2f} of eps_th (the black box's LR row, {top.eps_lb:.2f}" \
+        in docs
+
+    # the page's table of what the ideal tests certify: "mean (low-high); GDP ..." per side
+    rows = re.findall(r"^  \| (\d+) \| (.*) \|$", (ROOT / "docs/tight.md").read_text(), re.M)
+    ideal = {int(e): [tuple(map(float, m)) for m in re.findall(
+        r"([\d.]+) \(([\d.]+)-([\d.]+)\); [\d.]+ \([\d.]+-[\d.]+\)", rest)]
+        for e, rest in rows}
+    assert sorted(ideal) == labels and all(len(v) == 2 for v in ideal.values())
+    eps_th = {"blackbox-worst-case-init": dict(zip(bb.eps_label, bb.eps_th)),
+              "whitebox-llr": dict(zip(wb.eps_label, wb.eps_th))}
+    means = [m / eps_th[meth][e] for e in labels
+             for (m, _, _), meth in zip(ideal[e], eps_th)]
+    draws = [hi / eps_th[meth][e] for e in labels
+             for (_, _, hi), meth in zip(ideal[e], eps_th)]
+    assert f"the ideal tests' means at most {max(means):.2f}" in docs
+    assert f"single draws of the ideal test reach {max(draws):.2f}" in docs
+    outside = [(r.arch, r.eps_label) for side, meth in enumerate(eps_th)
+               for r in certified[certified.method == meth].itertuples()
+               if not ideal[r.eps_label][side][1] <= round(r.eps_lb, 2)
+               <= ideal[r.eps_label][side][2]]
+    assert outside == [("fnn", 8)] and "in 19 of the 20 rows" in docs
+
+    cap = eps_lb_clopper_pearson(500, 500, 0, 500, alpha=0.05, delta=DELTA)
+    top_th = wb.eps_th.max()
+    assert (f"certifies at most eps {cap:.2f}, {cap / top_th:.2f} of the white box's eps_th "
+            f"{top_th:.2f} and {cap / 10:.2f} of 10") in docs
+    assert f"(mu = 2, eps {eps_from_mu(2.0, DELTA):.3f} at delta 1e-5)" in docs
+    assert "strongest test there is" not in docs and "exactly eps 10" not in docs

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -102,7 +103,8 @@ def test_bad_config_stops_naming_the_key(tmp_path, path, value, words):
 
 
 def test_unknown_target_names_the_targets_that_exist(tmp_path):
-    """A target no rule makes: one message naming the named targets and the figures,
+    """A target no rule makes: one message naming the named targets and the figures (the
+    named targets' too, no table),
     instead of Snakemake's bare MissingRuleException; a real target beside it is not
     named."""
     out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--",
@@ -111,6 +113,10 @@ def test_unknown_target_names_the_targets_that_exist(tmp_path):
     assert out.returncode != 0 and "MissingRuleException" not in text
     assert "figures/hw3_eps_vs_n.pdf: no rule makes it. A target is a name (abadi, all," in text
     assert "figures/hw3_eps_vs_m.pdf, figures/jagielski_fig2.pdf" in text
+    figures = text[text.index("a figure ("):text.index(") or any other file")]
+    # the named targets' figures too, and only figures
+    assert "figures/tight_audit.pdf, figures/tramer_canary_losses.pdf" in figures
+    assert "figures/reference/tight_audit.pdf" in figures and ".html" not in figures
 
 
 def test_nested_config_values_given_as_text_are_read_as_the_schema_wants(tmp_path):
@@ -233,9 +239,47 @@ def tiny_run(tmp_path_factory):
     return SimpleNamespace(dir=run, cfg=cfg, conf=conf)
 
 
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# After the report's page has drawn, the top edge of its first heading in the window
+# (scroll 0), written into the page for `--dump-dom` to print.
+_TITLE_TOP = """<script>setTimeout(() => {
+  const h = document.querySelector(".prose h1");  // the front text's, not the navbar's
+  document.body.setAttribute("data-title-top", h ? h.getBoundingClientRect().top : "none");
+}, 3000);</script>"""
+
+
+def title_top(page: Path, width: int, height: int) -> float:
+    """Where headless Chromium draws the first heading of ``page`` (px from the window's
+    top, at scroll 0) in a ``width`` x ``height`` window."""
+    probe = page.with_name("probe.html")
+    head, end, tail = page.read_text().rpartition("</body>")  # the page's own, the last
+    probe.write_text(head + _TITLE_TOP + end + tail)
+    out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                          f"--window-size={width},{height}", "--virtual-time-budget=10000",
+                          "--dump-dom", probe.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    found = re.search(r'data-title-top="(-?[\d.]+)"', out.stdout)
+    assert found, out.stderr[-2000:]
+    return float(found.group(1))
+
+
 @pytest.mark.slow
 class TestTinyRun:
     """The report and the Jagielski grids, read from one tiny run of the whole DAG."""
+
+    @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (.ci/run installs it)")
+    def test_report_front_page_opens_on_its_title(self, tiny_run, tmp_path):
+        """The report's front page, taller than the window, opens on its title at the
+        window sizes of a laptop, a desktop and a phone: the title's top edge inside the
+        window at scroll 0 (Snakemake's page centres it, which cut it off)."""
+        out = snakemake("--report", str(tmp_path / "report.zip"), "--directory",
+                        str(tiny_run.dir), "--configfile", str(tiny_run.conf))
+        assert out.returncode == 0, out.stderr[-3000:]
+        with zipfile.ZipFile(tmp_path / "report.zip") as zf:
+            zf.extractall(tmp_path)
+        (page,) = tmp_path.glob("*/report.html")
+        for width, height in ((1366, 900), (1920, 1080), (390, 844)):
+            assert 0 <= title_top(page, width, height) < height / 4, (width, height)
 
     def test_report_holds_every_figure_with_its_caption(self, tiny_run, tmp_path):
         """`--report report.zip` after the run: every figure of `all` (and Table 2 as an

@@ -14,7 +14,7 @@ Every loader goes through torchvision's own readers, so a copy torchvision downl
   there.
 - CIFAR-10: ``ROOT/cifar-10-batches-py/`` (torchvision's pickle batches, md5-checked by
   torchvision), else an ImageFolder tree ``ROOT/train/<class>/*``, ``ROOT/test/<class>/*``
-  (the layout of ``shared/data/cifar10-jpeg.tar.gz``; :func:`ensure_extracted` unpacks it),
+  (the layout of the JPEG tarball of docs/data.md; :func:`ensure_extracted` unpacks it),
   else a torchvision download.
 - CIFAR-100: ``ROOT/cifar-100-python/`` or a torchvision download.
 

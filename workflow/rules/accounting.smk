@@ -28,8 +28,8 @@ rule accounting_abadi_plot:
         png=report(
             "figures/abadi_fig2.png",
             caption="../report/abadi_fig2.rst",
-            category="Accountants",
-            subcategory="Abadi et al. 2016, Fig. 2",
+            category="Abadi et al. 2016",
+            subcategory="fig2",
         ),
     localrule: True
     log:

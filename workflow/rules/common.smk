@@ -215,10 +215,14 @@ def check_targets():
     unknown = sorted(t for t in targets if t not in names and not os.path.exists(t)
                      and not any(found.is_producer(t) for found in workflow.rules))
     if unknown:
+        named = [found for found in workflow.rules if not found.output]
+        # the default target's figures and those of the named targets (tight, reference...)
+        figures = {str(f) for f in FIGURES + [f for found in named for f in found.input]
+                   if str(f).startswith("figures/") and str(f).endswith(".pdf")}
         raise WorkflowError(
             f"{', '.join(unknown)}: no rule makes it. A target is a name ("
-            + ", ".join(sorted(found.name for found in workflow.rules if not found.output))
+            + ", ".join(sorted(found.name for found in named))
             + "), a figure ("
-            + ", ".join(sorted(FIGURES))
+            + ", ".join(sorted(figures))
             + ") or any other file a rule writes (README, Run)"
         )

@@ -76,7 +76,7 @@ def _train(args) -> None:
         arrays, feat = load_features(args.features, ("X", "y", "X_test", "y_test"))
         made_by(feat, args.features, "abadi-features")
         rows, info = abadi.fig6_level(spec, level, arrays, feat["pretrained_on"], args.seed,
-                                      device, log)
+                                      device, log, jpeg_reencoded=feat["jpeg_reencoded"])
         prov["features"] = {k: feat[k] for k in ("pretrained_on", "public_images",
                                                   "pretrain_epochs", "source", "n", "n_test")}
     write_table(rows, args.out, {**prov, **info})

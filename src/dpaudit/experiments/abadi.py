@@ -66,7 +66,7 @@ FEATURE_KEYS = ("public_images", "private_images", "test_images", "pretrain_epoc
 #: Columns of ``results/abadi_accuracy.csv``, in order.
 COLUMNS = ("figure", "dataset", "level", "sigma", "sigma_pca", "lot_size", "n_train",
            "epoch", "steps", "lr", "train_acc", "test_acc", "eps", "delta", "accountant",
-           "eps_target", "seed", "pretrained_on")
+           "eps_target", "seed", "pretrained_on", "jpeg_reencoded")
 #: The columns :func:`summary` shows (beside the paper's test accuracy).
 SUMMARY_COLUMNS = ("figure", "dataset", "level", "epoch", "train_acc", "test_acc", "eps")
 
@@ -219,7 +219,8 @@ def fig3_level(spec: dict, level: dict, data_spec: dict, seed: int, device=None,
     model_seed = seeds.int_seeds(1, seed, f"abadi/fig3/{name}")[0]
     curve = train_curve(X @ V, y, X_test @ V, y_test, model, cfg, schedule, model_seed, eps,
                         device, _subset_index(n, spec["train_eval_images"], seed), log)
-    rows = _rows(curve, "fig3", ds, level, spec["lot_size"], n, delta, method, seed, None)
+    rows = _rows(curve, "fig3", ds, level, spec["lot_size"], n, delta, method, seed, None,
+                 False)
     return rows, {"dataset": ds, "n": n, "n_test": len(y_test), "epochs": epochs,
                   "model_seed": model_seed}
 
@@ -292,10 +293,12 @@ def fig6_features(spec: dict, data_spec: dict, seed: int, device=None,
 
 
 def fig6_level(spec: dict, level: dict, arrays: dict, pretrained_on: str, seed: int,
-               device=None, log: Callable[[str], None] | None = None
-               ) -> tuple[pd.DataFrame, dict]:
+               device=None, log: Callable[[str], None] | None = None, *,
+               jpeg_reencoded: bool) -> tuple[pd.DataFrame, dict]:
     """One level of Figure 6 (``level``: name, lot_size, eps) on the features: DP-SGD of
-    the dense head; the rows of ``results/abadi_accuracy.csv`` and the provenance."""
+    the dense head; the rows of ``results/abadi_accuracy.csv`` and the provenance.
+    ``jpeg_reencoded``: the features' ``jpeg_reencoded`` (:func:`fig6_features`), which
+    every row carries."""
     say = log or (lambda msg: None)
     name, lot = level["name"], level["lot_size"]
     X, y = arrays["X"], arrays["y"]
@@ -312,7 +315,8 @@ def fig6_level(spec: dict, level: dict, arrays: dict, pretrained_on: str, seed: 
                         model_seed, eps, device,
                         _subset_index(n, spec["train_eval_images"], seed), log)
     level = {**level, "sigma": spec["sigma"], "sigma_pca": None}
-    rows = _rows(curve, "fig6", "cifar10", level, lot, n, delta, method, seed, pretrained_on)
+    rows = _rows(curve, "fig6", "cifar10", level, lot, n, delta, method, seed, pretrained_on,
+                 jpeg_reencoded)
     return rows, {"n": n, "epochs": epochs, "model_seed": model_seed}
 
 
@@ -361,11 +365,13 @@ def _subset_index(n: int, count: int, seed: int) -> np.ndarray | None:
 
 
 def _rows(curve: pd.DataFrame, figure: str, dataset: str, level: dict, lot: int, n: int,
-          delta: float, method: str, seed: int, pretrained_on: str | None) -> pd.DataFrame:
+          delta: float, method: str, seed: int, pretrained_on: str | None,
+          jpeg_reencoded: bool) -> pd.DataFrame:
     out = curve.assign(figure=figure, dataset=dataset, level=level["name"],
                        sigma=float(level["sigma"]), sigma_pca=level.get("sigma_pca"),
                        lot_size=lot, n_train=n, delta=delta, accountant=method,
-                       eps_target=level["eps"], seed=seed, pretrained_on=pretrained_on)
+                       eps_target=level["eps"], seed=seed, pretrained_on=pretrained_on,
+                       jpeg_reencoded=bool(jpeg_reencoded))
     return out[list(COLUMNS)]
 
 

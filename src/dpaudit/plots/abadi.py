@@ -28,7 +28,8 @@ _PAPER_DATA = {"fig3": "MNIST", "fig6": "CIFAR-10"}
 REACHED = 0.98
 #: The columns of the abadi-table table that :func:`plot_abadi` reads.
 COLUMNS = ("figure", "dataset", "level", "sigma", "sigma_pca", "lot_size", "n_train", "epoch",
-           "train_acc", "test_acc", "eps", "delta", "accountant", "eps_target", "pretrained_on")
+           "train_acc", "test_acc", "eps", "delta", "accountant", "eps_target", "pretrained_on",
+           "jpeg_reencoded")
 
 
 def _pretrained(value) -> str:
@@ -109,6 +110,8 @@ def plot_abadi(table: str | os.PathLike, fig_name: str, out: str | os.PathLike) 
     axes[0].set_ylabel("accuracy")
     first = df.iloc[0]
     data = DATASET_NAMES.get(first.dataset, first.dataset)
+    if df.jpeg_reencoded.eq(True).any():  # the ImageFolder copy (docs/data.md)
+        data += " (JPEG re-encoded)"
     extra = f"\n{_pretrained(first.pretrained_on)}" if fig_name == "fig6" else ""
     fig.suptitle(f"{_TITLES[fig_name]}: {data}, n = {first.n_train:,}{extra}", fontsize=10)
     fig.tight_layout()

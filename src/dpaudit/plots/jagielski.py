@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from ..experiments.jagielski import eps_label, init_order, read_result_table
-from .style import COLORS, figure, save
+from .style import COLORS, broken_plot, figure, note_hidden, save
 
 ATTACK_NAMES = {"mi": "MI", "backdoor": "Backdoor", "clipbkd": "ClipBKD"}
 DATASET_NAMES = {"fmnist": "FMNIST", "cifar": "CIFAR-10"}
@@ -85,6 +85,7 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
                 continue
             axes.append(ax)
             _fig2_panel(ax, sub, split, lowest)
+    note_hidden(axes)
     handles = {}
     for ax in axes:  # every entry once, whichever panel drew it
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -98,15 +99,6 @@ def plot_fig2(table: str | os.PathLike, out: str | os.PathLike) -> None:
                title=f"{int(df.trials.max())} trials per side, half choose the threshold, "
                      "half evaluate it")
     save(fig, out)
-
-
-def _broken_plot(ax, x, y, at_inf, label=None, **kw) -> None:
-    """``ax.plot`` of the finite eps_th joined by a line, the eps_th = inf point apart (the
-    same marker, no line to it: a slope from a finite eps to inf means nothing)."""
-    ax.plot(x[~at_inf], np.asarray(y)[~at_inf], label=label, **kw)
-    if at_inf.any():
-        ax.plot(x[at_inf], np.asarray(y)[at_inf], **{**kw, "ls": "none"},
-                label=None if (~at_inf).any() else label)
 
 
 def _fig2_panel(ax, sub, split: bool, lowest: float) -> None:
@@ -133,8 +125,8 @@ def _fig2_panel(ax, sub, split: bool, lowest: float) -> None:
             continue
         x = _x_positions(a.eps_th.to_numpy(float))[0] * 1.06 ** (i - 1)  # no overlap
         at_inf = ~np.isfinite(a.eps_th.to_numpy(float))
-        _broken_plot(ax, x, a.eps_lb, at_inf, marker="o", color=COLORS[attack],
-                     label=f"{name}: 99% lower bound" + (" (Bonferroni over k)"
+        broken_plot(ax, x, a.eps_lb, at_inf, marker="o", color=COLORS[attack], zorder=3,
+                    label=f"{name}: 99% lower bound" + (" (Bonferroni over k)"
                                                          if attack in REPLACING else ""))
         drawn += list(a.eps_lb)
         if split:
@@ -147,16 +139,16 @@ def _fig2_panel(ax, sub, split: bool, lowest: float) -> None:
                 ("eps_lb_katz", "v", "Katz, approximate 99% (not certified)"),
                 ("eps_lb_bayes", "s", "Bayesian 99% credible interval, lower end")):
             if column in a:
-                _broken_plot(ax, x, a[column], at_inf, ls=(0, (4, 2)), lw=0.8, marker=marker,
-                             ms=3, color=COLORS[attack], alpha=0.6, label=f"{name}: {label}")
+                broken_plot(ax, x, a[column], at_inf, ls=(0, (4, 2)), lw=0.8, marker=marker,
+                            ms=3, color=COLORS[attack], alpha=0.6, label=f"{name}: {label}")
                 drawn += list(a[column])
         if attack in REPLACING and "eps_lb_paper_rule" in a:
-            _broken_plot(ax, x, a.eps_lb_paper_rule, at_inf, ls="--", lw=1, marker="o",
-                         mfc="none", color=COLORS[attack], alpha=0.7,
-                         label=f"{name}: paper's procedure, best over k (not a 99% bound)")
+            broken_plot(ax, x, a.eps_lb_paper_rule, at_inf, ls="--", lw=1, marker="o",
+                        mfc="none", color=COLORS[attack], alpha=0.7,
+                        label=f"{name}: paper's procedure, best over k (not a 99% bound)")
             drawn += list(a.eps_lb_paper_rule)
         elif "mi_yeom" in a and a.mi_yeom.notna().any():
-            _broken_plot(ax, x, a.mi_yeom, at_inf, ls=":", marker="x", color=COLORS[attack],
+            broken_plot(ax, x, a.mi_yeom, at_inf, ls=":", marker="x", color=COLORS[attack],
                          alpha=0.8, label=f"{name}: Yeom et al. population estimate (paper's; "
                                           "not a bound)")
             drawn += list(a.mi_yeom)

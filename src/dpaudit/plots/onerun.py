@@ -10,7 +10,7 @@ import numpy as np
 from ..io import read_table
 from ..experiments.jagielski import eps_label
 from .jagielski import ARCH_NAMES
-from .style import figure, legend_below, save
+from .style import broken_plot, figure, legend_below, note_hidden, save
 
 #: (canary, threat model) -> (legend name, colour).
 LINES = {("input", "black-box"): ("black-box input canaries", "#2ca02c"),
@@ -40,9 +40,12 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
     - black squares: the 1000-model audit's certified ClipBKD bound ``eps_lb`` (99%,
       Bonferroni over k; its neighbours replace a row) of the same cells,
       hollow grey: its best over k (the paper's statistic, not a 99% bound);
-    - grey diamonds on a dotted line (filled: Dirac, labelled with the value; hollow:
-      input canaries, which add rows): eps at the table's delta by PLD of each canary
-      type's training; without noise there is none.
+    - grey diamonds on a dotted line (filled: Dirac, hollow: input canaries, which add
+      rows), each labelled with its value (Dirac to the right, input to the left): eps at
+      the table's delta by PLD of each canary type's training; without noise there is none.
+
+    Lines join the finite labels only; the points at eps_th = inf stand apart. A series
+    hidden under another of equal values says so in the legend (:func:`note_hidden`).
     """
     df, _ = read_table(table, columns=COLUMNS, what="onerun-audit")
     df["eps_label"] = df.eps_label.map(eps_label)
@@ -61,7 +64,7 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
         finite = th[np.isfinite(th)]
         top = float(finite.max()) if len(finite) else 1.0
         # eps by PLD as labelled diamonds on a dotted line: a value to read, not a tick
-        for canary, mfc in (("dirac", "#555555"), ("input", "none")):
+        for canary, mfc, side in (("dirac", "#555555", 1), ("input", "none", -1)):
             if canary not in th.index.get_level_values(0):
                 continue
             t = th[canary]
@@ -70,12 +73,11 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
             ys = t.where(np.isfinite(t)).to_numpy()[order]
             ax.plot(xs, ys, "D:", color="#555555", mfc=mfc, ms=5, lw=1, zorder=1,
                     label=f"eps by PLD, {canary} canaries (none without noise)")
-            if canary == "dirac":
-                for xi, yi in zip(xs, ys):
-                    if np.isfinite(yi):
-                        ax.annotate(f"{yi:.3g}", (xi, yi), xytext=(6, 0),
-                                    textcoords="offset points", va="center", fontsize=7,
-                                    color="#555555")
+            for xi, yi in zip(xs, ys):
+                if np.isfinite(yi):
+                    ax.annotate(f"{yi:.3g}", (xi, yi), xytext=(6 * side, 0),
+                                textcoords="offset points", va="center", fontsize=7,
+                                ha="left" if side > 0 else "right", color="#555555")
         for (canary, threat), (name, color) in LINES.items():
             g = sub[(sub.canary == canary) & (sub.threat_model == threat)]
             if g.empty:
@@ -86,12 +88,17 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
             xs = [x[e] for e in a.index]
             order = np.argsort(xs)
             xs = np.array(xs)[order]
-            ax.fill_between(xs, a.lo.to_numpy()[order], a.hi.to_numpy()[order], color=color,
-                            alpha=0.15, lw=0)
-            ax.plot(xs, a.fdp.to_numpy()[order], "o-", color=color,
-                    label=f"{name}: f-DP bound (mean of per-run 95% bounds, min-max band)")
-            ax.plot(xs, a.snj.to_numpy()[order], "o--", mfc="none", lw=1, color=color,
-                    alpha=0.8, label=f"{name}: Steinke et al. bound (mean of per-run 95%)")
+            at_inf = np.array([e == "inf" for e in a.index])[order]
+            for part in (~at_inf, at_inf):  # no band from a finite label to inf
+                ax.fill_between(xs[part], a.lo.to_numpy()[order][part],
+                                a.hi.to_numpy()[order][part], color=color, alpha=0.15, lw=0)
+            # markers on the x axis drawn whole (clip_on): a bound of 0 is common
+            broken_plot(ax, xs, a.fdp.to_numpy()[order], at_inf, marker="o", ls="-",
+                        color=color, clip_on=False, zorder=4,  # over the dashed ones
+                        label=f"{name}: f-DP bound (mean of per-run 95% bounds, min-max band)")
+            broken_plot(ax, xs, a.snj.to_numpy()[order], at_inf, marker="o", ls="--",
+                        mfc="none", lw=1, color=color, alpha=0.8, clip_on=False, zorder=3,
+                        label=f"{name}: Steinke et al. bound (mean of per-run 95%)")
         if mm is not None:
             m = mm[(mm.arch == arch) & mm.eps_label.isin(labels)]
             if not m.empty:
@@ -109,6 +116,7 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
                      f"{sub.repeat.nunique()} runs per cell", fontsize=9)
         ax.set(xlabel=f"eps_th label (delta = {first.delta:g})",
                ylabel="empirical eps lower bound")
+    note_hidden(axes[0])
     handles = {}
     for ax in axes[0]:
         for h, lab in zip(*ax.get_legend_handles_labels()):

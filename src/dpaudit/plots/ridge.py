@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from ..io import read_table
-from .style import COLORS, figure, legend_below, save
+from .style import COLORS, figure, legend_below, note_hidden, save
 
 #: The columns of the ridge-audit table that :func:`plot_audit` reads.
 COLUMNS = ("rho", "repeat", "delta", "m", "d", "n", "eps_lb", "eps_lb_fdp", "eps_hat_max",
@@ -52,6 +52,7 @@ def plot_audit(table: str | os.PathLike, out: str | os.PathLike) -> None:
     ax.set_title(f"Ridge output perturbation: one-run audit\n(m={int(first.m)}, "
                  f"d={int(first.d)}, n={int(first.n)}, {df.repeat.nunique()} repeats)")
     ax.set_ylim(bottom=0)
+    note_hidden([ax])
     # below the axes: inside, it would cover the y = x line
     legend_below(fig, [ax], *ax.get_legend_handles_labels(), ncol=1)
     save(fig, out)

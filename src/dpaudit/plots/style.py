@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -116,3 +117,74 @@ def save(fig, path: str | os.PathLike) -> None:
             with atomic_path(target) as tmp:
                 fig.savefig(tmp, format=target.suffix[1:])
     plt.close(fig)
+
+
+def _points(line) -> np.ndarray:
+    """The finite (x, y) points a line draws, as floats."""
+    xy = np.column_stack([np.asarray(line.get_xdata(), float),
+                          np.asarray(line.get_ydata(), float)])
+    return xy[np.isfinite(xy).all(axis=1)]
+
+
+def _series(ax) -> dict[str, list]:
+    """The visible series of ``ax``: key -> its lines. A series is the lines of one label,
+    or of one ``gid`` (the unlabelled parts of a line broken at inf, :func:`broken_plot`),
+    or the data line of a labelled errorbar."""
+    series: dict[str, list] = {}
+    for ln in ax.lines:
+        if ln.get_visible():
+            series.setdefault(ln.get_gid() or ln.get_label(), []).append(ln)
+    for c in ax.containers:
+        if hasattr(c, "has_xerr") and c.lines[0] is not None and c.lines[0].get_visible():
+            series.setdefault(c.get_label(), []).append(c.lines[0])
+    return series
+
+
+def note_hidden(axes) -> None:
+    """Add to the label of every series that lies, in every panel that draws it, under
+    other series of the same values (each of its points drawn again by a line above it)
+    the note ``[drawn under "<that series>": equal values]``, so that a legend never names
+    a series the reader cannot tell apart without saying so (see :func:`_series`); call
+    this before the legend is made."""
+    axes = list(getattr(axes, "flat", axes))
+    hidden: dict[str, str | None] = {}  # label -> the series above it; None: seen somewhere
+    for ax in axes:
+        series = _series(ax)
+        owner = {id(ln): key for key, lines in series.items() for ln in lines}
+        lines = [ln for ln in ax.lines if id(ln) in owner]
+        order = {id(ln): (ln.get_zorder(), i) for i, ln in enumerate(lines)}
+        for key, own in series.items():
+            if key.startswith("_") or hidden.get(key, "") is None:
+                continue
+            points = [(ln, p) for ln in own for p in _points(ln)]
+            if not points:
+                continue
+            above = None
+            for ln, p in points:
+                cover = next((other for other in lines if owner[id(other)] != key
+                              and order[id(other)] > order[id(ln)]
+                              and np.isclose(_points(other), p, rtol=1e-9,
+                                             atol=1e-12).all(axis=1).any()), None)
+                if cover is None:
+                    hidden[key] = None
+                    break
+                above = above or owner[id(cover)]
+            else:
+                hidden.setdefault(key, above)
+    for ax in axes:
+        for artist in [*ax.lines, *ax.containers]:
+            under = hidden.get(artist.get_label())
+            if under is not None:
+                artist.set_label(f'{artist.get_label()} [drawn under "{under}": equal values]')
+
+
+def broken_plot(ax, x, y, at_inf, label=None, **kw) -> None:
+    """``ax.plot`` of the finite eps labels joined by a line and the points at eps = inf
+    apart (the same marker, no line to them: a slope from a finite eps to inf means
+    nothing); both parts are one series (one ``gid``) for :func:`note_hidden`."""
+    at_inf = np.asarray(at_inf, bool)
+    x, y = np.asarray(x), np.asarray(y)
+    ax.plot(x[~at_inf], y[~at_inf], label=label, gid=label, **kw)
+    if at_inf.any():
+        ax.plot(x[at_inf], y[at_inf], **{**kw, "ls": "none"}, gid=label,
+                label=None if (~at_inf).any() else label)

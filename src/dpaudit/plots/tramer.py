@@ -97,6 +97,7 @@ def plot_canary_losses(table: str | os.PathLike, out: str | os.PathLike, *,
         counts = read_table(hist, columns=HIST_COLUMNS, what="tramer-reaudit --hist")[0]
     edges = np.append(np.sort(counts.lo.unique()), counts.hi.max())
     fig, axes = figure(1, len(audit), squeeze=False, sharey=True)
+    thresholds = []  # (line, the panel's highest bar): each line ends below the legend
     for ax, row in zip(axes[0], audit.itertuples()):
         mine = counts[counts.implementation == row.implementation]
         for canary_in, label, color in SIDES:
@@ -107,9 +108,11 @@ def plot_canary_losses(table: str | os.PathLike, out: str | os.PathLike, *,
             ax.hist(side.lo, bins=edges, weights=side["count"], histtype="step", color=color,
                     label=f"{label} ({'TPR' if canary_in else 'FPR'} {rate:.3g})")
         if np.isfinite(row.threshold):
-            ax.axvline(row.threshold if scored else max(row.threshold, FLOOR),
-                       color=COLORS["analytic"], ls="--", lw=1.2,
-                       label=rf"threshold $\tau$ = {row.threshold:.3g}")
+            line = ax.axvline(row.threshold if scored else max(row.threshold, FLOOR),
+                              color=COLORS["analytic"], ls="--", lw=1.2,
+                              label=rf"threshold $\tau$ = {row.threshold:.3g}")
+            thresholds.append((line, float(mine.groupby(["canary_in", "lo"])["count"]
+                                           .sum().max())))
         ax.set_yscale("log")
         if scored:
             ax.set_xlabel("white-box score (log-likelihood ratio; 'in' above the threshold)")
@@ -123,5 +126,8 @@ def plot_canary_losses(table: str | os.PathLike, out: str | os.PathLike, *,
                      color=COLORS.get(row.implementation, COLORS["theory"]))
         ax.legend(loc="upper center", fontsize=7)
     axes[0][0].set_ylim(top=axes[0][0].get_ylim()[1] * 30)  # room for the legends (shared y)
+    low, high = np.log(axes[0][0].get_ylim())
+    for line, top in thresholds:  # up to twice the highest bar (log axis), not the legend
+        line.set_ydata([0, (np.log(2 * top) - low) / (high - low)])
     axes[0][0].set_ylabel(f"evaluation runs ({int(audit.runs.iloc[0]):,} per side)")
     save(fig, out)
