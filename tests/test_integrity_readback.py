@@ -53,9 +53,18 @@ def _refused(argv, capsys, path, reason: str, redo) -> None:
 
 
 @pytest.fixture
-def task_file(tmp_path):
+def run_folder(tmp_path, monkeypatch):
+    """``tmp_path`` as the working folder: the workflow names its files relative to it,
+    and only such a path is named in a `snakemake --forcerun` (an absolute one is no
+    output of the workflow's)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def task_file(run_folder):
     """A toy FMNIST-like task of 400 features (logistic regression: 800 weights)."""
-    path = tmp_path / "task.npz"
+    path = Path("task.npz")
     features.save_features(path, _task(np.random.default_rng(7), d=400).arrays(),
                            {"command": "jagielski-task"})
     return path
@@ -78,7 +87,7 @@ def test_an_init_file_with_16_bytes_flipped_is_refused_not_trained_from(tmp_path
     """The shared "fixed" initialisation with 16 bytes flipped in the middle (torch reads
     it without complaint, five weights wrong) stops the training job before any model,
     naming the file and the command that draws it again."""
-    init = tmp_path / "init_fmnist_lr.pt"
+    init = Path("init_fmnist_lr.pt")
     assert main(_init(task_file, init)) == 0
     good = torch.load(init, weights_only=True)["W"][0]
     _flip_middle(init)
@@ -166,12 +175,12 @@ AUDIT = {"alpha": 0.05, "delta": 1e-5, "select_frac": 0.5, "trials": 4}
 
 
 @pytest.fixture
-def score_table(tmp_path):
-    features.save_features(tmp_path / "task.npz", _task(np.random.default_rng(7)).arrays(),
+def score_table(run_folder):
+    features.save_features(run_folder / "task.npz", _task(np.random.default_rng(7)).arrays(),
                            {"dataset": "toy"})
-    assert _train_cli(tmp_path, TRAIN_SPEC, [[1, "g2", "4"]], "--store",
-                      str(tmp_path / "kept")) == 0
-    return tmp_path / "out" / "c1_g2_e4.csv"
+    assert _train_cli(run_folder, TRAIN_SPEC, [[1, "g2", "4"]], "--store",
+                      str(run_folder / "kept")) == 0
+    return Path("out", "c1_g2_e4.csv")
 
 
 def _audit(scores, out):
@@ -235,6 +244,9 @@ def test_a_damaged_score_table_names_the_command_that_trains_its_group_again(
     score_table.write_text(text.replace(",0.", ",0.1", 1))
     _refused(_audit(score_table, tmp_path / "fig2.csv"), capsys, score_table,
              "its rows do not match the content hash", score_table.parent)
+    # an absolute path is no output of the workflow's (a reference table): no command
+    code, err = _run(_audit(score_table.resolve(), tmp_path / "fig2.csv"), capsys)
+    assert code == 2 and "content hash" in err[-1] and "redo it" not in err[-1], err
     # an older version's table without a hash, its last row cut: its rows per side
     score_table.write_text(text.replace(f'"{BODY_SHA256}"', '"was"').replace(
         f'"dpaudit_version": "{__version__}"', '"dpaudit_version": "0.1.0"')

@@ -35,9 +35,13 @@ class BadInputFile(ValueError):
         super().__init__(f"{path}: {reason}" + (f"; redo it: {redo}" if redo else ""))
 
 
-def forcerun(target: str | os.PathLike) -> str:
+def forcerun(target: str | os.PathLike) -> str | None:
     """The command that makes the workflow's output ``target`` (a file or a rule's output
-    folder, as the rules name it) again, and then everything made from it."""
+    folder, as the rules name it) again, and then everything made from it; None for an
+    absolute path: the rules name their outputs relative to the run's folder, so such a
+    file (a reference table) is none of them."""
+    if Path(target).is_absolute():
+        return None
     return f"snakemake --forcerun {target} (with the run's other options)"
 
 
