@@ -19,4 +19,4 @@ Concept modules, one concept each:
 :mod:`dpaudit.plots` and ``workflow/`` only wire these together.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

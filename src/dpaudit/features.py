@@ -32,7 +32,8 @@ from torch import nn
 
 from .device import deterministic, resolve
 from .data import DataNotFound, ImageData, load_cifar10, load_cifar100, to_float
-from .io import BadInputFile, atomic_path, input_file, read_torch
+from .io import (BadInputFile, atomic_path, checked_content, forcerun, input_file,
+                 read_torch, save_torch, with_content_digest)
 
 #: CIFAR-10 classes of the audited 2-class task: airplane (0) vs automobile (1).  The
 #: reference's CIFAR data script is not public; this mirrors its FMNIST choice
@@ -140,9 +141,8 @@ def pretraining_data(root: str | os.PathLike | None = None,
 def save_extractor(path: str | os.PathLike, model: CifarCNN, provenance: dict[str, Any]) -> None:
     """Save the pretrained weights and their provenance (atomic ``torch.save``)."""
     state = {k: v.cpu() for k, v in model.state_dict().items()}
-    with atomic_path(path) as tmp:
-        torch.save({"state_dict": state, "n_classes": model.head.out_features,
-                    "provenance": provenance}, tmp)
+    save_torch(path, {"state_dict": state, "n_classes": model.head.out_features,
+                      "provenance": provenance})
 
 
 def load_extractor(path: str | os.PathLike) -> tuple[CifarCNN, dict[str, Any]]:
@@ -161,16 +161,19 @@ def load_extractor(path: str | os.PathLike) -> tuple[CifarCNN, dict[str, Any]]:
 def save_features(path: str | os.PathLike, arrays: dict[str, np.ndarray],
                   provenance: dict[str, Any]) -> None:
     """Cache feature arrays (e.g. ``train_x, train_y, test_x, test_y``) in an ``.npz``
-    with the provenance as JSON (atomic)."""
+    with the provenance as JSON and the content hash of both (atomic)."""
+    content = with_content_digest({**{k: np.asarray(v) for k, v in arrays.items()},
+                                   "provenance": np.array(json.dumps(provenance, default=str))})
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays, provenance=np.array(json.dumps(provenance, default=str)))
+            np.savez(fh, **content)
 
 
 def load_features(path: str | os.PathLike,
                   keys: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Inverse of :func:`save_features`: ``(arrays, provenance)``. A file that is not such
-    an ``.npz``, is truncated, or lacks any of the arrays ``keys`` raises
+    an ``.npz``, is truncated, lacks any of the arrays ``keys``, or was altered since it
+    was written (its content hash, :func:`dpaudit.io.checked_content`) raises
     :class:`dpaudit.io.BadInputFile`."""
     kind = "an .npz of arrays saved by dpaudit"
     path = input_file(path, kind)
@@ -190,7 +193,8 @@ def load_features(path: str | os.PathLike,
             raise BadInputFile(path, f"lacks the arrays {missing} (holds {sorted(f.files)}): "
                                      "not the file this step reads")
         try:
-            arrays = {k: f[k] for k in f.files if k != "provenance"}
-            return arrays, json.loads(str(f["provenance"]))
+            content = {k: f[k] for k in f.files}
         except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-            raise BadInputFile(path, f"truncated or altered ({exc})") from None
+            raise BadInputFile(path, f"truncated or altered ({exc})", forcerun(path)) from None
+    arrays = checked_content(path, content)
+    return arrays, json.loads(str(arrays.pop("provenance")))

@@ -14,22 +14,35 @@ import json
 import os
 import pickle
 import re
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import pandas as pd
 
 from . import __version__
 
 
 class BadInputFile(ValueError):
-    """An input file that is missing, empty, truncated, altered or of the wrong kind."""
+    """An input file that is missing, empty, truncated, altered or of the wrong kind;
+    ``redo``: the command that makes it again, where one does (:func:`forcerun`)."""
 
-    def __init__(self, path, reason: str):
-        self.path, self.reason = str(path), reason
-        super().__init__(f"{path}: {reason}")
+    def __init__(self, path, reason: str, redo: str | None = None):
+        self.path, self.reason, self.redo = str(path), reason, redo
+        super().__init__(f"{path}: {reason}" + (f"; redo it: {redo}" if redo else ""))
+
+
+def forcerun(target: str | os.PathLike) -> str | None:
+    """The command that makes the workflow's output ``target`` (a file or a rule's output
+    folder, as the rules name it) again, and then everything made from it; None for an
+    absolute path: the rules name their outputs relative to the run's folder, so such a
+    file (a reference table) is none of them."""
+    if Path(target).is_absolute():
+        return None
+    return f"snakemake --forcerun {target} (with the run's other options)"
 
 
 _PREFIX = "# dpaudit-provenance: "
@@ -85,6 +98,33 @@ def as_recorded(value: Any) -> Any:
 #: header line), which :func:`read_table` checks, so an altered or truncated table is refused.
 BODY_SHA256 = "body_sha256"
 
+#: The version from which every file dpaudit writes records its content hash (a table
+#: :data:`BODY_SHA256`, a ``.pt`` or ``.npz`` :data:`CONTENT_SHA256`): a table without one
+#: is read only if its provenance names an older version.
+HASHED_SINCE = "0.2.0"
+
+
+def _version(text: Any) -> tuple[int, ...]:
+    return tuple(map(int, re.findall(r"\d+", str(text))[:3]))
+
+
+def _unhashed(meta: dict[str, Any], path, require_hash: bool) -> str:
+    """Why a table whose provenance ``meta`` records no content hash is refused, or (read
+    unverified) the line that says an older version wrote it."""
+    made = meta.get("dpaudit_version")
+    if made is None:
+        raise BadInputFile(path, "no content hash and no dpaudit version recorded: not as "
+                                 "dpaudit writes a table (altered since?)", forcerun(path))
+    if _version(made) >= _version(HASHED_SINCE):
+        raise BadInputFile(path, f"no content hash recorded, yet its provenance names "
+                                 f"dpaudit {made}, which records one: altered since it was "
+                                 f"written", forcerun(path))
+    if require_hash:
+        raise BadInputFile(path, f"no content hash recorded (written by dpaudit {made}, "
+                                 f"an older version)", forcerun(path))
+    return (f"{path}: no content hash recorded (written by dpaudit {made}, older than "
+            f"{HASHED_SINCE}): its rows are read unverified")
+
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> None:
     """Write ``df`` as CSV at ``path`` atomically, with ``provenance`` and the SHA-256 of the
@@ -109,6 +149,20 @@ def input_file(path: str | os.PathLike, kind: str) -> Path:
     if path.stat().st_size == 0:
         raise BadInputFile(path, f"empty file (expected {kind})")
     return path
+
+
+def kept_file(path: str | os.PathLike) -> bool:
+    """Whether a file an earlier run kept (a block of trials) is at ``path``. Anything else
+    there is :class:`BadInputFile`, before any work: the block, trained again, could not be
+    renamed onto it."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "not a file"
+        raise BadInputFile(path, f"{what} where a kept block is written: move or remove it, "
+                                 f"then rerun")
+    return True
 
 
 _TABLE = "a dpaudit result table"
@@ -153,19 +207,20 @@ def read_table(path: str | os.PathLike, require_hash: bool = False,
 
     :class:`BadInputFile` if the file is not such a table or has no rows, if the rows do
     not have the SHA-256 the header records (the file was altered or truncated after it
-    was written), if ``require_hash`` and the header records none (a table from an older
-    version), or if it lacks any of ``columns``, the columns the caller reads
-    (:func:`require_columns`; ``what``: the kind of table it reads)."""
+    was written), if the header records none and names no version older than
+    :data:`HASHED_SINCE` (or any, with ``require_hash``; an older version's table is
+    otherwise read, saying so on stderr), or if it lacks any of ``columns``, the columns
+    the caller reads (:func:`require_columns`; ``what``: the kind of table it reads)."""
     from io import BytesIO  # the standard library's
 
     head, _, body = input_file(path, _TABLE).read_bytes().partition(b"\n")
     meta = _header(head, path)
     recorded = meta.get(BODY_SHA256)
-    if recorded is None and require_hash:
-        raise BadInputFile(path, "no content hash recorded (written by an older version)")
-    if recorded is not None and hashlib.sha256(body).hexdigest() != recorded:
+    if recorded is None:
+        print(_unhashed(meta, path, require_hash), file=sys.stderr)
+    elif hashlib.sha256(body).hexdigest() != recorded:
         raise BadInputFile(path, "its rows do not match the content hash recorded when it "
-                                 "was written (altered or truncated since)")
+                                 "was written (altered or truncated since)", forcerun(path))
     try:
         df = pd.read_csv(BytesIO(body), **_exact_floats())
     except pd.errors.EmptyDataError:
@@ -184,8 +239,61 @@ def read_provenance(path: str | os.PathLike) -> dict[str, Any]:
         return _header(fh.readline().rstrip(b"\n"), path)
 
 
+#: Entry of a ``.pt`` (:func:`save_torch`) or ``.npz`` file dpaudit writes: the
+#: :func:`content_digest` of everything else in it, checked when it is read
+#: (:func:`checked_content`), so a file altered or damaged since is never used.
+CONTENT_SHA256 = "content_sha256"
+
+
+def content_digest(content: dict[str, Any]) -> str:
+    """SHA-256 of a dict of arrays (numpy or torch) and JSON values, nested in dicts and
+    lists: :func:`array_digest` of its arrays, named by where they are, and the rest."""
+    arrays: dict[str, Any] = {}
+
+    def plain(value, where):  # ``value`` with each array replaced by its name
+        if isinstance(value, dict):
+            return {str(k): plain(v, f"{where}/{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v, f"{where}/{i}") for i, v in enumerate(value)]
+        if hasattr(value, "dtype") and hasattr(value, "shape"):
+            arrays[where] = value
+            return f"<array {where}>"
+        return value
+
+    skeleton = _provenance_json(plain(content, ""))
+    return hashlib.sha256(f"{array_digest(arrays)}|{skeleton}".encode()).hexdigest()
+
+
+def with_content_digest(content: dict[str, Any]) -> dict[str, Any]:
+    """``content`` and its :data:`CONTENT_SHA256` entry, to be written."""
+    return {**content, CONTENT_SHA256: content_digest(content)}
+
+
+def checked_content(path, content: dict[str, Any]) -> dict[str, Any]:
+    """``content`` read from ``path`` without its :data:`CONTENT_SHA256` entry, else
+    :class:`BadInputFile` if it has none (an older version wrote it) or another."""
+    rest = {k: v for k, v in content.items() if k != CONTENT_SHA256}
+    recorded = content.get(CONTENT_SHA256)
+    recorded = recorded.item() if hasattr(recorded, "item") else recorded  # an .npz's 0-d
+    if recorded is None:
+        raise BadInputFile(path, f"no content hash recorded (written by a version older "
+                                 f"than {HASHED_SINCE}, or not by dpaudit)", forcerun(path))
+    if content_digest(rest) != recorded:
+        raise BadInputFile(path, "its content does not match the content hash recorded when "
+                                 "it was written (altered or damaged since)", forcerun(path))
+    return rest
+
+
+def save_torch(path: str | os.PathLike, content: dict[str, Any]) -> None:
+    """``torch.save`` of ``content`` (tensors and plain values) and its content hash, atomic."""
+    import torch
+
+    with atomic_path(path) as tmp:
+        torch.save(with_content_digest(content), tmp)
+
+
 def read_torch(path: str | os.PathLike, kind: str, map_location="cpu") -> dict[str, Any]:
-    """The dict saved with ``torch.save`` at ``path`` (tensors and plain values only), else
+    """The dict :func:`save_torch` saved at ``path``, its content hash checked, else
     :class:`BadInputFile` (``kind``: what was expected there, for the message)."""
     import torch
 
@@ -199,7 +307,7 @@ def read_torch(path: str | os.PathLike, kind: str, map_location="cpu") -> dict[s
         raise BadInputFile(path, f"not {kind}, or truncated ({reason})") from None
     if not isinstance(blob, dict):
         raise BadInputFile(path, f"not {kind} (holds a {type(blob).__name__}, not a dict)")
-    return blob
+    return checked_content(path, blob)
 
 
 def write_text(text: str, path: str | os.PathLike) -> None:
@@ -214,7 +322,7 @@ def array_digest(arrays: dict[str, Any]) -> str:
     h = hashlib.sha256()
     for name in sorted(arrays):
         a = arrays[name]
-        a = a.numpy() if hasattr(a, "numpy") else a
+        a = a.numpy(force=True) if hasattr(a, "numpy") else np.asarray(a)
         h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
         h.update(memoryview(a.tobytes()))
     return h.hexdigest()

@@ -111,11 +111,12 @@ def kept(store, key: dict, side: Side, start: int, seeds: Sequence[int]) -> dict
     """The statistics :func:`keep` kept for these trials of ``side`` under ``key`` (vectors
     as a list of arrays, one per model), or None if there are none (another key, side or
     seeds, or no table) or the table is damaged (no content hash or another, columns or
-    trials other than its header lists: named on stderr)."""
-    from .io import BadInputFile, as_recorded, read_table
+    trials other than its header lists: named on stderr). Something other than a file
+    where the table goes stops the job (:func:`dpaudit.io.kept_file`)."""
+    from .io import BadInputFile, as_recorded, kept_file, read_table
 
     path = _path(store, side, start, len(seeds))
-    if not path.exists():
+    if not kept_file(path):
         return None
     try:
         table, prov = read_table(path, require_hash=True)

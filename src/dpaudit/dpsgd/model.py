@@ -21,7 +21,7 @@ import torch
 
 from . import philox
 from ..device import resolve
-from ..io import BadInputFile, atomic_path, read_torch
+from ..io import BadInputFile, read_torch, save_torch
 
 ARCHS = ("lr", "fnn")
 SAMPLINGS = ("shuffle", "poisson")
@@ -251,14 +251,14 @@ def init_params(model: ModelSpec, K: int, seed, scale: float = 1.0, *, device=No
 
 def save_params(path, params: Params, model: ModelSpec) -> None:
     """Save weights (e.g. the shared "fixed" init, or a few trained models) with their spec."""
-    with atomic_path(path) as tmp:
-        torch.save({"model": vars(model), "W": [w.detach().cpu() for w in params.W],
-                    "b": [b.detach().cpu() for b in params.b]}, tmp)
+    save_torch(path, {"model": vars(model), "W": [w.detach().cpu() for w in params.W],
+                      "b": [b.detach().cpu() for b in params.b]})
 
 
 def load_params(path, device=None) -> tuple[Params, ModelSpec]:
     """Load what :func:`save_params` saved: ``(params, model)`` (params on ``device`` or CPU);
-    any other file raises :class:`dpaudit.io.BadInputFile`."""
+    any other file, or one altered since (its content hash), raises
+    :class:`dpaudit.io.BadInputFile`."""
     kind = "model weights saved by dpaudit (.pt)"
     blob = read_torch(path, kind, device or "cpu")
     try:

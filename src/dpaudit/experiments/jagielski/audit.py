@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -207,15 +208,20 @@ def theoretical_eps(noise: float, n: int, cfg: dpsgd.DPSGDConfig, delta: float) 
 
 def read_scores(path) -> tuple[pd.DataFrame, dict]:
     """A cell's score table (``jagielski-train``) and its provenance, checked before any
-    bound reads it: the content hash where one is recorded (:func:`dpaudit.io.read_table`),
-    and for every side of its attack and ``ks``, the ``trials`` its provenance records,
-    trials 0 to T - 1, each with a finite score and test accuracy. BadInputFile naming
-    the file otherwise."""
-    from ...io import BadInputFile, read_table, require_columns
+    bound reads it: the content hash (:func:`dpaudit.io.read_table`), and for every side
+    of its attack and ``ks``, the ``trials`` its provenance records, trials 0 to T - 1,
+    each with a finite score and test accuracy. BadInputFile naming the file otherwise,
+    and where it was damaged, the command that trains its group again: the workflow's
+    output is the table's folder (``jagielski-train --out-dir``), whose job restores the
+    blocks kept intact."""
+    from ...io import BadInputFile, forcerun, read_table, require_columns
 
-    # the columns of every attack first; its own scores once its provenance names it
-    scores, prov = read_table(path, columns=("side", "trial", "test_acc"),
-                              what="jagielski-train")
+    redo = forcerun(Path(path).parent)
+    try:  # the columns of every attack first; its own scores once its provenance names it
+        scores, prov = read_table(path, columns=("side", "trial", "test_acc"),
+                                  what="jagielski-train")
+    except BadInputFile as exc:
+        raise BadInputFile(exc.path, exc.reason, exc.redo and redo) from None
     cell, spec = prov.get("cell"), prov.get("spec")
     if not (isinstance(cell, dict) and isinstance(spec, dict)
             and {"trials", "ks"} <= set(spec) and cell.get("attack") in STATISTICS):
@@ -228,14 +234,15 @@ def read_scores(path) -> tuple[pd.DataFrame, dict]:
         got = scores.trial[scores.side == side]
         if sorted(got) != list(range(trials)):
             raise BadInputFile(path, f"side {side}: {len(got)} rows, but its provenance "
-                                     f"records {trials} trials per side (0 to {trials - 1})")
+                                     f"records {trials} trials per side (0 to {trials - 1})",
+                               redo)
     if len(scores) != len(want) * trials:
         raise BadInputFile(path, f"rows of sides {sorted(set(scores.side) - set(want))}, "
-                                 f"which its provenance does not record")
+                                 f"which its provenance does not record", redo)
     values = scores[columns[2:]]
     if not all(pd.api.types.is_numeric_dtype(d) for d in values.dtypes) \
             or not np.isfinite(values.to_numpy(np.float64)).all():
-        raise BadInputFile(path, "a score or test accuracy is not a finite number")
+        raise BadInputFile(path, "a score or test accuracy is not a finite number", redo)
     return scores, prov
 
 

@@ -96,10 +96,11 @@ def _kept(path: Path, key: dict, cells: dict, side: str, start: int, seeds_: lis
     """The rows of the kept block at ``path`` whose shared ``key`` and own cell key match
     (JSON comparison), for every cell it holds, of ``cells`` or not; empty if none. A block
     of the same key is restored only whole and intact (:func:`_check_block`); otherwise
-    ``say`` names it and why, and it is trained again."""
-    from ...io import BadInputFile, as_recorded, read_provenance, read_table
+    ``say`` names it and why, and it is trained again. Something other than a file at
+    ``path`` stops the job (:func:`dpaudit.io.kept_file`)."""
+    from ...io import BadInputFile, as_recorded, kept_file, read_provenance, read_table
 
-    if not path.exists():
+    if not kept_file(path):
         return pd.DataFrame()
     try:
         if read_provenance(path).get("key") != as_recorded(key):
