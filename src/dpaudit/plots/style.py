@@ -175,7 +175,15 @@ def note_hidden(axes) -> None:
         for artist in [*ax.lines, *ax.containers]:
             under = hidden.get(artist.get_label())
             if under is not None:
-                artist.set_label(f'{artist.get_label()} [drawn under "{under}": equal values]')
+                artist.set_label(f'{artist.get_label()} [drawn under "{_short(under)}": '
+                                 'equal values]')
+
+
+def _short(label: str) -> str:
+    """``label`` up to its first parenthesis, enough to name the series (whole where the
+    cut would split a $math$ part)."""
+    head = label.split(" (")[0]
+    return head if head.count("$") % 2 == 0 else label
 
 
 def broken_plot(ax, x, y, at_inf, label=None, **kw) -> None:
