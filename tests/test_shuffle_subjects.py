@@ -226,8 +226,10 @@ def test_the_shuffled_subjects_are_audited_in_every_mode(name, mode):
     row, table = _audit(name, mode)
     assert len(table) == 240 and row["runs"] == 60
     assert np.isfinite(row["eps_lb"]) and row["eps_lb"] >= 0
+    if mode == "worst-case-init":  # an input canary added as a row
+        assert row["relation"] == "add/remove"
     if mode == "white-box":
-        assert row["method"] == "whitebox-llr"
+        assert row["method"] == "whitebox-llr" and row["relation"] == "zero-out"
         sigma = accounting.noise_multiplier(EPS, 0.1, 20, DELTA, "rdp")
         assert row["eps_lb"] <= shuffle_accounting.no_amplification_eps(sigma, 2, DELTA)
 

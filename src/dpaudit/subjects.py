@@ -240,6 +240,14 @@ def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
     return [lambda x, p=p: dpsgd.logits(p, x, model) for p in params]
 
 
+def canary_relation(fn: TrainFn) -> str:
+    """The neighbouring relation of a white-box audit of ``fn``: "zero-out" for the shuffled
+    subjects (their gradient canary takes a slot of the same batches, or is absent: the
+    data set keeps its size), "add/remove" for every other function (the canary added at
+    the data's rate, or absent)."""
+    return "zero-out" if fn in _SAMPLING else "add/remove"
+
+
 def load_train_fn(target: str) -> TrainFn:
     """The training function named ``target``: a registry name or ``"module.path:function"``.
 
@@ -321,5 +329,5 @@ def true_eps(name: str, spec: dict, n: int, delta: float | None = None) -> float
 
 __all__ = ["SUBJECTS", "SUBJECT_KEYS", "TrainFn", "Predict", "dpsgd_fixed", "dpsgd_buggy",
            "dpsgd_half_steps", "dpsgd_half_noise", "dpsgd_shuffle", "dpsgd_shuffle_once",
-           "model_spec", "train_columns", "load_train_fn",
+           "model_spec", "train_columns", "canary_relation", "load_train_fn",
            "claimed_noise_multiplier", "claimed_dpsgd", "true_eps"]
