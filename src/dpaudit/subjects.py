@@ -41,13 +41,24 @@ Its true eps is about twice the claim (1.9 times at (0.21, 1e-5), 2.1 times at (
 q = 0.2, T = 100): too little for the eps test at a small claim, within reach of the
 profile test (:func:`dpaudit.bounds.profile_audit`) at a larger one.
 
+Two more, ``shuffle`` and ``shuffle-once``, are the gap of deployed DP-SGD (Chua, Ghazi,
+Kamath, Kumar, Manurangsi, Sinha and Zhang 2024, "How Private are DP-SGD Implementations?"
+and "Scalable DP-SGD: Shuffling vs. Poisson Subsampling"; Annamalai, Balle, Hayes and De
+Cristofaro 2026, "To Shuffle or not to Shuffle: Auditing DP-SGD with Shuffling"): the noise
+of ``fixed`` (sigma calibrated by the Poisson accountant at q = B / n for T = round(epochs /
+q) steps: the claim), but fixed-size batches of B cut from a permutation of the data
+(DPSGDConfig.sampling "shuffle": a fresh permutation each epoch; "shuffle-once": one
+permutation for every epoch, the persistent shuffling Chua et al. analyse too); epochs must
+be whole. Their true eps is not known (:mod:`dpaudit.shuffle_accounting` bounds it from
+below and above); ``fixed`` is their control, correct Poisson DP-SGD at the same noise.
+
 The buggy subjects are named test subjects here, never options of the real trainer.
 
 Every subject accepts the two optional keywords of the tight modes of ``dpaudit
 audit-impl`` (:mod:`dpaudit.experiments.tramer`): ``init`` (a :class:`dpaudit.dpsgd.Params`
 of one model: every run starts from it, DPSGDConfig.init "fixed") and ``canaries`` (a
-:class:`dpaudit.dpsgd.GradientCanaries`: the gradient canary inserted at the data's sample
-rate; then the subject returns the trainer's :class:`dpaudit.dpsgd.CanaryRun` instead of
+:class:`dpaudit.dpsgd.GradientCanaries`: the gradient canary inserted as the subject's
+sampling treats an example, at the data's sample rate or once per epoch; then the subject returns the trainer's :class:`dpaudit.dpsgd.CanaryRun` instead of
 predict).
 """
 
@@ -74,8 +85,10 @@ TrainFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int], dict], Predict]
 SUBJECT_KEYS = {
     "eps": "claimed epsilon the noise is calibrated to",
     "delta": "claimed delta",
-    "epochs": "expected passes over the data; steps T = round(epochs / q)",
-    "batch_size": "expected Poisson batch size B; sample rate q = B / n",
+    "epochs": "expected passes over the data (whole ones for the shuffled subjects); steps "
+              "T = round(epochs / q)",
+    "batch_size": "expected Poisson batch size B (the shuffled subjects' fixed one); sample "
+                  "rate q = B / n",
     "lr": "learning rate",
     "clip": "per-example clipping norm C",
     "arch": "model: 'lr' or 'fnn' ['lr']",
@@ -88,8 +101,9 @@ SUBJECT_KEYS = {
 }
 
 
-def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict):
-    """Model, config and calibrated noise multiplier of a registry subject."""
+def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict, sampling: str = "poisson"):
+    """Model, config and calibrated noise multiplier of a registry subject whose batches
+    are drawn by ``sampling`` (the noise is calibrated for Poisson sampling whatever it is)."""
     unknown = set(spec) - set(SUBJECT_KEYS)
     if unknown:
         raise ValueError(f"spec: unknown keys {sorted(unknown)}; allowed: {sorted(SUBJECT_KEYS)}")
@@ -106,7 +120,7 @@ def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict):
     sigma = _noise_multiplier(spec["eps"], q, steps, spec["delta"], spec.get("accountant", "rdp"))
     model = model_spec(spec, X.shape[1], int(y.max()) + 1)
     cfg = dpsgd.DPSGDConfig(epochs=spec["epochs"], batch_size=spec["batch_size"], lr=spec["lr"],
-                            clip=spec["clip"], noise_multiplier=sigma, sampling="poisson")
+                            clip=spec["clip"], noise_multiplier=sigma, sampling=sampling)
     return model, cfg, sigma, q, steps
 
 
@@ -118,8 +132,8 @@ def model_spec(spec: dict, in_dim: int, n_classes: int) -> dpsgd.ModelSpec:
                            n_classes=int(spec.get("n_classes", n_classes)))
 
 
-def _train(X, y, seeds, spec, noise_std_of, init=None, canaries=None):
-    model, cfg, sigma, q, steps = _plan(X, y, spec)
+def _train(X, y, seeds, spec, noise_std_of, init=None, canaries=None, sampling="poisson"):
+    model, cfg, sigma, q, steps = _plan(X, y, spec, sampling)
     if init is not None:
         cfg = dataclasses.replace(cfg, init="fixed")
     out = dpsgd.train_with_noise_std(X, y, model, cfg, list(seeds),
@@ -180,11 +194,32 @@ def dpsgd_half_noise(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spe
     return _train(X, y, seeds, spec, _half_noise_std, init, canaries)
 
 
-#: Named subjects of the case study, and the buggy subjects of the tight modes.
+def dpsgd_shuffle(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict, *,
+                  init: dpsgd.Params | None = None,
+                  canaries: dpsgd.GradientCanaries | None = None):
+    """Shuffled batches under Poisson accounting: a fresh permutation per epoch cut into
+    batches of B, noise std ``sigma * C`` with sigma of the Poisson claim."""
+    return _train(X, y, seeds, spec, _fixed_std, init, canaries, "shuffle")
+
+
+def dpsgd_shuffle_once(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict, *,
+                       init: dpsgd.Params | None = None,
+                       canaries: dpsgd.GradientCanaries | None = None):
+    """Persistent shuffling under Poisson accounting: one permutation cut into the same
+    batches every epoch, noise std ``sigma * C`` with sigma of the Poisson claim."""
+    return _train(X, y, seeds, spec, _fixed_std, init, canaries, "shuffle-once")
+
+
+#: Named subjects of the case study, the buggy subjects of the tight modes and the shuffled
+#: subjects under Poisson accounting (``fixed`` their Poisson control).
 SUBJECTS: dict[str, TrainFn] = {"fixed": dpsgd_fixed, "buggy": dpsgd_buggy,
-                                "half-steps": dpsgd_half_steps, "half-noise": dpsgd_half_noise}
+                                "half-steps": dpsgd_half_steps, "half-noise": dpsgd_half_noise,
+                                "shuffle": dpsgd_shuffle, "shuffle-once": dpsgd_shuffle_once}
+#: Each subject's noise std on the clipped sum and its batches' sampling.
 _NOISE_STD = {dpsgd_fixed: _fixed_std, dpsgd_buggy: _buggy_std,
-              dpsgd_half_steps: _half_steps_std, dpsgd_half_noise: _half_noise_std}
+              dpsgd_half_steps: _half_steps_std, dpsgd_half_noise: _half_noise_std,
+              dpsgd_shuffle: _fixed_std, dpsgd_shuffle_once: _fixed_std}
+_SAMPLING = {dpsgd_shuffle: "shuffle", dpsgd_shuffle_once: "shuffle-once"}
 
 
 def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
@@ -194,14 +229,23 @@ def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
     their batches, noise draw and initialisation and differ only in the noise std, the
     one thing the subjects differ in; what each would train alone, to float rounding
     (other matmul shapes). One predict per subject; None unless every one of ``fns`` is
-    a registry subject."""
-    if not fns or not all(fn in _NOISE_STD for fn in fns):
+    a registry subject and all draw their batches alike (columns share the batches)."""
+    if not fns or not all(fn in _NOISE_STD for fn in fns) \
+            or len({_SAMPLING.get(fn, "poisson") for fn in fns}) != 1:
         return None
-    model, cfg, sigma, q, steps = _plan(X, y, spec)
+    model, cfg, sigma, q, steps = _plan(X, y, spec, _SAMPLING.get(fns[0], "poisson"))
     stds = [_NOISE_STD[fn](cfg, q, spec) for fn in fns]
     params = dpsgd.train_with_noise_std(X, y, model, [cfg] * len(fns), list(seeds), stds,
                                         device=spec.get("device", "auto"))
     return [lambda x, p=p: dpsgd.logits(p, x, model) for p in params]
+
+
+def canary_relation(fn: TrainFn) -> str:
+    """The neighbouring relation of a white-box audit of ``fn``: "zero-out" for the shuffled
+    subjects (their gradient canary takes a slot of the same batches, or is absent: the
+    data set keeps its size), "add/remove" for every other function (the canary added at
+    the data's rate, or absent)."""
+    return "zero-out" if fn in _SAMPLING else "add/remove"
 
 
 def load_train_fn(target: str) -> TrainFn:
@@ -229,10 +273,13 @@ def load_train_fn(target: str) -> TrainFn:
     return fn
 
 
-def claimed_noise_multiplier(spec: dict, n: int) -> float:
-    """The noise multiplier sigma a registry subject calibrates for ``spec`` on n examples."""
+def claimed_noise_multiplier(spec: dict, n: int, fn: TrainFn | None = None) -> float:
+    """The noise multiplier sigma a registry subject calibrates for ``spec`` on n examples;
+    a ValueError (by key) where the subject ``fn`` cannot train ``spec`` (e.g. epochs not
+    whole for the shuffled subjects)."""
     X = torch.zeros(n, 1)
-    return _plan(X, torch.zeros(n, dtype=torch.long), {**spec, "n": n, "n_classes": 2})[2]
+    return _plan(X, torch.zeros(n, dtype=torch.long), {**spec, "n": n, "n_classes": 2},
+                 _SAMPLING.get(fn, "poisson"))[2]
 
 
 def claimed_dpsgd(spec: dict, eps: float, delta: float, n: int) -> tuple[float, float, int] | None:
@@ -267,7 +314,11 @@ def claimed_dpsgd(spec: dict, eps: float, delta: float, n: int) -> tuple[float, 
 def true_eps(name: str, spec: dict, n: int, delta: float | None = None) -> float:
     """The add/remove eps at ``delta`` (default the claimed one) that registry subject
     ``name`` really has for ``spec`` on n examples: the PLD accountant's eps of its T
-    Poisson-subsampled Gaussian steps at its actual noise multiplier (noise std / C)."""
+    Poisson-subsampled Gaussian steps at its actual noise multiplier (noise std / C).
+    A ValueError for the shuffled subjects, whose eps is not known."""
+    if _SAMPLING.get(SUBJECTS[name]) is not None:
+        raise ValueError(f"true_eps: the eps of {name!r} (shuffled batches) is not known; "
+                         f"dpaudit.shuffle_accounting bounds it")
     X = torch.zeros(n, 1)
     model, cfg, sigma, q, steps = _plan(X, torch.zeros(n, dtype=torch.long),
                                         {**spec, "n": n, "n_classes": 2})
@@ -277,5 +328,6 @@ def true_eps(name: str, spec: dict, n: int, delta: float | None = None) -> float
 
 
 __all__ = ["SUBJECTS", "SUBJECT_KEYS", "TrainFn", "Predict", "dpsgd_fixed", "dpsgd_buggy",
-           "dpsgd_half_steps", "dpsgd_half_noise", "model_spec", "train_columns", "load_train_fn",
+           "dpsgd_half_steps", "dpsgd_half_noise", "dpsgd_shuffle", "dpsgd_shuffle_once",
+           "model_spec", "train_columns", "canary_relation", "load_train_fn",
            "claimed_noise_multiplier", "claimed_dpsgd", "true_eps"]

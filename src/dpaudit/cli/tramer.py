@@ -119,7 +119,7 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
             if device is not None:
                 target_spec.setdefault("device", device)
             try:
-                sigma = subjects.claimed_noise_multiplier(target_spec, n_train)
+                sigma = subjects.claimed_noise_multiplier(target_spec, n_train, fn)
             except ValueError as exc:
                 raise SpecError(f"--spec for {target!r}: {exc}") from exc
             print(f"audit-impl: {target}: noise multiplier {sigma:.4g} calibrated to "

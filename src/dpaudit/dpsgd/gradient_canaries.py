@@ -4,8 +4,12 @@ call inserts, their scores, and the trainer's per-step canary work.
 The trainer's ``canaries=`` (:class:`GradientCanaries`) inserts m fixed vectors g_j of norm
 exactly C into the update: canary j is part of model k's run iff ``included[k, j]`` (drawn
 by the caller, typically a fair coin: Steinke, Nasr & Jagielski 2023, "Privacy Auditing with
-One (1) Training Run"), and at every step each included canary is independently sampled with
-rate q (default: the data's B/n, the subsampling the accountants assume), its vector then
+One (1) Training Run"), and each included canary is sampled as the trainer's sampling treats
+an example: with Poisson sampling independently at every step with rate q (the data's B/n,
+the subsampling the accountants assume, or a given rate); with shuffled batches ("shuffle",
+"shuffle-once") in exactly one step per epoch, that of a uniformly random position in [0, n)
+of the permutation (its batch, so a step with probability its batch size over n), a fresh
+position each epoch ("shuffle") or one for all epochs ("shuffle-once"); its vector then
 added to the clipped gradient sum exactly as a clipped example's gradient would be (before
 the noise, before the division by B). Such gradient canaries (Nasr, Hayes, Steinke, Balle,
 Tramèr, Jagielski, Carlini & Terzis 2023, "Tight Auditing of Differentially Private Machine
@@ -16,7 +20,9 @@ summed scores sum_t <theta_t - theta_{t+1}, g_j> (float64, higher = "in"), which
 to the last-iterate score <theta_0 - theta_T, g_j> (:func:`last_iterate_scores`, via
 :func:`flatten`), and, with noise, the all-iterates test :attr:`CanaryRun.llr`: per step the
 likelihood ratio of "sampled at rate q" against "absent", which only an auditor who sees
-every iterate can compute.
+every iterate can compute; under shuffling the likelihood ratio of "in the step of a
+random position" against "absent", per epoch ("shuffle") or over the whole run
+("shuffle-once", the same step every epoch).
 """
 
 from __future__ import annotations
@@ -92,9 +98,12 @@ class GradientCanaries:
     example can contribute. included: (K, m) bool, canary j is inserted into model k's run
     (the k-th seed of the trainer) iff included[k, j]. rate: the probability with which an
     included canary is added at each step, independently across steps, canaries and models;
-    None = the data's rate q = batch_size / n. The sampling draws come from each model's own
-    canary stream and do not depend on ``included`` (a run with a canary in and one with it
-    out are paired: word j of step t below rate 2^32 decides at every step).
+    None = as the trainer's sampling treats an example (module docstring): the data's rate q
+    = batch_size / n with Poisson sampling, once per epoch with shuffled batches. The
+    sampling draws come from each model's own canary stream and do not depend on
+    ``included`` (a run with a canary in and one with it out are paired: word j of step t
+    below rate 2^32 decides at every step; with shuffled batches, sort key j of epoch e
+    modulo n is the position, epoch 0's for "shuffle-once").
     Extra memory: the directions on the device, and a step's (K, m) draws.
 
     ``insertions``: what every training call that took this object inserted, one
@@ -172,7 +181,10 @@ class CanaryRun(NamedTuple):
     q" against "absent", with z_t = <theta_t - theta_{t+1}, g_j> / (lr / B * noise_std * C)
     and mu = C / noise_std (the data's gradients ignored): an auditor who sees every
     iterate weighs each step by how likely it holds the canary, which a sum of inner
-    products cannot. None without noise (where it is undefined)."""
+    products cannot. With shuffled batches, a_t = mu z_t - mu^2 / 2 and w_s = (size of
+    batch s) / n: the sum over epochs of log sum_s w_s exp(a_{e,s}) ("shuffle"), or log
+    sum_s w_s exp(sum_e a_{e,s}) ("shuffle-once"). None without noise (where it is
+    undefined)."""
 
     params: Params
     scores: torch.Tensor
@@ -184,24 +196,43 @@ class _CanaryHook:
     (K, m) x (m, P) added to the update, and the score update (K, P) x (P, m) of the step.
     Dirac canaries (one nonzero per row) take an index_add and a gather instead."""
 
-    def __init__(self, canaries: GradientCanaries, rate: float, key: torch.Tensor,
+    def __init__(self, canaries: GradientCanaries, rate: float | None, key: torch.Tensor,
                  params: Params, dev, dtype, step_size: float, noise_std: float, clip: float,
-                 fused: bool = False):
+                 fused: bool = False, shuffle: tuple[str, int, int] | None = None):
+        """``rate``: Poisson insertion at that rate per step; None with ``shuffle`` =
+        (sampling, n, batch_size): once per epoch at a random position of the permutation."""
         d = canaries.directions.to(dev)
         K, (m, P) = params.K, d.shape
-        self.K, self.m, self.rate, self.key, self.dtype = K, m, float(rate), key, dtype
+        self.K, self.m, self.key, self.dtype = K, m, key, dtype
         self.fused = fused
         self.included = canaries.included.to(dev)
         self.counts = torch.zeros(K, m, device=dev, dtype=torch.int64)  # insertions so far
         self.scores = torch.zeros(K, m, device=dev, dtype=torch.float64)
+        self.shuffle, self.t = shuffle, 0
+        if shuffle is not None:
+            sampling, n, B = shuffle
+            self.n, self.B, self.spe = n, B, -(-n // B)
+            # log P(the canary's step is s): batch s's share of the n positions
+            sizes = [min(B, n - s * B) for s in range(self.spe)]
+            self.log_w = torch.tensor([math.log(b / n) for b in sizes], device=dev,
+                                      dtype=torch.float64)
+            self.rate = 1.0 / self.spe  # the mean rate per step (recorded): once an epoch
+        else:
+            self.rate = float(rate)
         # Per-step likelihood ratio: z = <step, g> / (step_size noise_std C) is N(0, 1) from
         # the noise plus mu = C / noise_std when the canary was added (data ignored).
-        self.llr = torch.zeros(K, m, device=dev, dtype=torch.float64) if noise_std > 0 else None
-        if self.llr is not None:
+        self.noisy = noise_std > 0
+        self._llr = torch.zeros(K, m, device=dev, dtype=torch.float64) if self.noisy else None
+        if self.noisy:
             self.z_scale = 1.0 / (step_size * noise_std * clip)
             self.mu = clip / noise_std
-            self.log_out, self.log_in = math.log1p(-self.rate) if self.rate < 1 else -math.inf, \
-                math.log(self.rate) - self.mu ** 2 / 2
+            if shuffle is None:
+                self.log_out = math.log1p(-self.rate) if self.rate < 1 else -math.inf
+                self.log_in = math.log(self.rate) - self.mu ** 2 / 2
+            elif shuffle[0] == "shuffle":  # this epoch's log sum_s w_s exp(a_s)
+                self.epoch_lr = torch.full((K, m), -math.inf, device=dev, dtype=torch.float64)
+            else:  # sum_e a_{e,s} per step s of the epoch
+                self.slot_sum = torch.zeros(K, m, self.spe, device=dev, dtype=torch.float64)
         self.csum = torch.empty(K, P, device=dev, dtype=dtype)
         self.flat = flatten(params)
         if bool((torch.linalg.vector_norm(d, 0, dim=1) == 1).all()):  # nonzeros per row
@@ -216,8 +247,18 @@ class _CanaryHook:
 
     def add(self, params: Params, t: int, step_size: float) -> None:
         """theta -= step_size * (sum of the included canaries sampled at step t)."""
-        hit = philox.draw("bernoulli", self.key, philox.CANARY, t, self.m, self.rate,
-                          fused=self.fused)
+        self.t = t
+        if self.shuffle is None:
+            hit = philox.draw("bernoulli", self.key, philox.CANARY, t, self.m, self.rate,
+                              fused=self.fused)
+        else:
+            epoch, s = divmod(t, self.spe)
+            if s == 0 and (epoch == 0 or self.shuffle[0] == "shuffle"):
+                # A uniform position in [0, n) (bias below n 2^-63), its batch the step.
+                pos = philox.draw("sort_keys", self.key, philox.CANARY, epoch, self.m,
+                                  fused=self.fused) % self.n
+                self.slot = pos // self.B  # (K, m)
+            hit = self.slot == s
         hit = hit.logical_and_(self.included)  # (K, m)
         self.counts.add_(hit)
         hit = hit.to(self.dtype)
@@ -240,6 +281,25 @@ class _CanaryHook:
             step = (self.step @ self.dirs.T).double()
             self.prev, self.flat = self.flat, self.prev
         self.scores.add_(step)
-        if self.llr is not None:  # log(1 - q + q exp(mu z - mu^2 / 2)) per step
-            self.llr.add_(torch.logaddexp(torch.full_like(step, self.log_out),
-                                          step.mul_(self.z_scale * self.mu).add_(self.log_in)))
+        if not self.noisy:
+            return
+        if self.shuffle is None:  # log(1 - q + q exp(mu z - mu^2 / 2)) per step
+            self._llr.add_(torch.logaddexp(torch.full_like(step, self.log_out),
+                                           step.mul_(self.z_scale * self.mu).add_(self.log_in)))
+            return
+        a = step.mul_(self.z_scale * self.mu).sub_(self.mu ** 2 / 2)  # mu z - mu^2 / 2
+        s = self.t % self.spe
+        if self.shuffle[0] == "shuffle":
+            self.epoch_lr = torch.logaddexp(self.epoch_lr, a + self.log_w[s])
+            if s == self.spe - 1:
+                self._llr.add_(self.epoch_lr)
+                self.epoch_lr.fill_(-math.inf)
+        else:
+            self.slot_sum[:, :, s].add_(a)
+
+    @property
+    def llr(self) -> torch.Tensor | None:
+        """The all-iterates log likelihood ratio so far (after whole epochs when shuffled)."""
+        if self._llr is None or self.shuffle is None or self.shuffle[0] == "shuffle":
+            return self._llr
+        return torch.logsumexp(self.slot_sum + self.log_w, dim=-1)

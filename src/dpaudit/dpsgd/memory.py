@@ -26,7 +26,7 @@ def step_bytes(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
     shared = shares_data(model, cfg, n, columns)
     if full_batch(cfg, n):
         draws = 0
-    elif cfg.sampling == "shuffle":
+    elif cfg.shuffled:
         draws = 56 * n
     else:
         draws = 21 * n + (0 if shared else 24 * n)
@@ -36,7 +36,7 @@ def step_bytes(model: ModelSpec, n: int, cfg: DPSGDConfig, columns: int = 1,
     if shared:
         step = n * dtype_bytes * (1 + 6 * columns * outs)
     else:
-        width = B if cfg.sampling == "shuffle" else B + 6 * math.isqrt(B) + 6
+        width = B if cfg.shuffled else B + 6 * math.isqrt(B) + 6
         step = width * (8 + dtype_bytes * (model.in_dim + 6 * columns * outs))
     return noise + draws + weights + step
 

@@ -24,7 +24,7 @@ from ..device import resolve
 from ..io import BadInputFile, read_torch, save_torch
 
 ARCHS = ("lr", "fnn")
-SAMPLINGS = ("shuffle", "poisson")
+SAMPLINGS = ("shuffle", "shuffle-once", "poisson")
 INITS = ("glorot", "fixed")
 
 # Std of the standard normal truncated to [-2, 2] (scipy.stats.truncnorm(-2, 2).std()):
@@ -83,7 +83,9 @@ class DPSGDConfig:
     sampling: "shuffle" = each epoch a fresh random permutation cut into consecutive batches
     of ``batch_size`` (the last one smaller if batch_size does not divide n; its update is
     still divided by batch_size, so every example moves it by at most lr*C/batch_size), as
-    Keras' ``fit`` in the reference code; "poisson" = each example independently with rate
+    Keras' ``fit`` in the reference code; "shuffle-once" = one permutation (epoch 0's) cut
+    the same way every epoch (persistent shuffling, Chua et al. 2024: the batches never
+    change); "poisson" = each example independently with rate
     q = batch_size / n, ``round(epochs / q)`` steps (the sampling the accountants assume).
     init: "glorot" = Keras glorot_normal (normal truncated at 2 std, variance
     2/(fan_in+fan_out)), times ``init_scale``, zero biases, drawn from each model's seed;
@@ -106,9 +108,9 @@ class DPSGDConfig:
             raise ValueError(f"DPSGDConfig.init={self.init!r}: must be one of {INITS}")
         if not self.epochs > 0:
             raise ValueError(f"DPSGDConfig.epochs={self.epochs}: must be > 0")
-        if self.sampling == "shuffle" and self.epochs != int(self.epochs):
+        if self.shuffled and self.epochs != int(self.epochs):
             raise ValueError(f"DPSGDConfig.epochs={self.epochs}: must be an integer with "
-                             f"sampling='shuffle'")
+                             f"sampling={self.sampling!r}")
         if int(self.batch_size) != self.batch_size or self.batch_size < 1:
             raise ValueError(f"DPSGDConfig.batch_size={self.batch_size}: must be an integer >= 1")
         for name in ("lr", "clip", "init_scale"):
@@ -119,6 +121,12 @@ class DPSGDConfig:
         if self.init == "fixed" and self.init_scale != 1.0:
             raise ValueError(f"DPSGDConfig.init_scale={self.init_scale}: must be 1.0 with "
                              f"init='fixed' (it scales the Glorot draw only)")
+
+    @property
+    def shuffled(self) -> bool:
+        """Batches cut from a permutation ("shuffle", "shuffle-once"): each example in
+        exactly one batch per epoch."""
+        return self.sampling != "poisson"
 
     def steps_per_epoch(self, n: int) -> int:
         return math.ceil(n / self.batch_size)
@@ -131,7 +139,7 @@ class DPSGDConfig:
 
     def steps(self, n: int) -> int:
         """Number of DP-SGD steps T on n examples."""
-        if self.sampling == "shuffle":
+        if self.shuffled:
             return int(self.epochs) * self.steps_per_epoch(n)
         return max(1, round(self.epochs * n / self.batch_size))
 

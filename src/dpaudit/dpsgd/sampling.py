@@ -1,4 +1,5 @@
-"""The trainer's batches: each step's batch of every run ("shuffle" or "poisson" sampling,
+"""The trainer's batches: each step's batch of every run ("shuffle", "shuffle-once" or
+"poisson" sampling,
 drawn from the runs' Philox keys), the steps at which epochs end, and the cost rule that
 decides whether a step gathers each run's batch or computes on the data shared by all runs.
 
@@ -31,9 +32,9 @@ FLOPS_PER_BYTE = 32.0
 
 def epoch_ends(cfg: DPSGDConfig, n: int) -> list[int]:
     """The step counts after which epochs 1, 2, ... end on n examples: multiples of the
-    steps per epoch ("shuffle"); ``round(e n / B)`` ("poisson", whose epochs are n / B
+    steps per epoch ("shuffle", "shuffle-once"); ``round(e n / B)`` ("poisson", whose epochs are n / B
     steps on average, the last one ``steps(n)`` for whole ``epochs``)."""
-    if cfg.sampling == "shuffle":
+    if cfg.shuffled:
         return [e * cfg.steps_per_epoch(n) for e in range(1, int(cfg.epochs) + 1)]
     return [round(e * n / cfg.batch_size) for e in range(1, math.floor(cfg.epochs) + 1)]
 
@@ -72,7 +73,7 @@ def shares_data(model: ModelSpec, cfg: DPSGDConfig, n: int, columns: int) -> boo
 
 def full_batch(cfg: DPSGDConfig, n: int) -> bool:
     """Every row in every step's batch: shuffled batches of at least n rows (no draw)."""
-    return cfg.sampling == "shuffle" and cfg.batch_size >= n
+    return cfg.shuffled and cfg.batch_size >= n
 
 
 class Batches:
@@ -82,7 +83,8 @@ class Batches:
     "shuffle": at the first step of epoch e, each run's permutation of the n rows is the
     argsort of n 63-bit keys of its permutation stream at counter step e; the epoch's batches
     are its consecutive slices of ``batch_size`` rows (the last one smaller if it does not
-    divide n). "poisson": row j is in run k's batch at step t iff word j of its batch
+    divide n). "shuffle-once": epoch 0's permutation, cut the same way in every epoch.
+    "poisson": row j is in run k's batch at step t iff word j of its batch
     stream at step t is below q 2^32, q = batch_size / n (a rate within 2^-32 below q).
 
     :meth:`step` returns ``(index, valid)`` (gather: (K, b) row indices and their 0/1
@@ -102,7 +104,7 @@ class Batches:
         if self.full:
             return (None, None) if self.shared else (
                 torch.arange(self.n, device=self.key.device).repeat(len(self.key), 1), None)
-        if self.cfg.sampling == "shuffle":
+        if self.cfg.shuffled:
             return self._shuffle(t)
         sel = philox.draw("bernoulli", self.key, philox.BATCH, t, self.n,
                           self.cfg.batch_size / self.n, fused=self.fused)
@@ -119,8 +121,9 @@ class Batches:
 
     def _shuffle(self, t: int):
         epoch, s = divmod(t, self.spe)
-        if s == 0 or self.perm is None:
-            keys = philox.draw("sort_keys", self.key, philox.PERMUTATION, epoch, self.n,
+        if self.perm is None or s == 0 and self.cfg.sampling == "shuffle":
+            keys = philox.draw("sort_keys", self.key, philox.PERMUTATION,
+                               epoch if self.cfg.sampling == "shuffle" else 0, self.n,
                                fused=self.fused)
             self.perm = torch.argsort(keys, dim=1, stable=True)
             if self.shared:  # each row's position in its run's permutation

@@ -150,9 +150,12 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     std = torch.tensor(stds, device=dev, dtype=dtype)
     std_views = [std.view(1, M, 1, 1), std.view(1, M, 1)] * len(model.shapes)
     x_buf = torch.empty(0, device=dev, dtype=dtype)
+    # The canary treated as the sampling treats an example, unless given its own rate.
+    by_shuffle = canaries is not None and canaries.rate is None and cfg.shuffled
     hook = None if canaries is None else _CanaryHook(
-        canaries, cfg.batch_size / n if canaries.rate is None else canaries.rate, key,
-        wide.column(0), dev, dtype, step_size, stds[0], cfg.clip, fused)
+        canaries, None if by_shuffle else canaries.rate or cfg.batch_size / n, key,
+        wide.column(0), dev, dtype, step_size, stds[0], cfg.clip, fused,
+        (cfg.sampling, n, cfg.batch_size) if by_shuffle else None)
     ends = sampling.epoch_ends(cfg, n) if on_epoch is not None else []
     epoch = 0
     for t in range(T):

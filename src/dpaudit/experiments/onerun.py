@@ -130,8 +130,10 @@ def audit_dirac(task: Task, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, m: i
     inc = torch.as_tensor(np.stack([seeds.rng(s, "dirac-inclusion").random(m) < 0.5
                                     for s in repeat_seeds]))
     X, y = torch.as_tensor(task.X), torch.as_tensor(task.y)
+    # Poisson-sampled at B / n at every step, as the accounting assumes, whatever the
+    # sampling of the rows (a rate given: not once an epoch under shuffled batches)
     run = dpsgd.train(X, y, model, cfg, repeat_seeds, init=init, device=device,
-                      canaries=dpsgd.GradientCanaries(dirs, inc))
+                      canaries=dpsgd.GradientCanaries(dirs, inc, cfg.batch_size / len(X)))
     # The summed step scores telescope to the last-iterate score <theta_0 - theta_T, g>;
     # without noise the per-step likelihood ratio is undefined and they stand in for it.
     scores = {"all-iterates": (run.scores if run.llr is None else run.llr).cpu().numpy(),

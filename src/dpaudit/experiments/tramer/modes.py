@@ -72,10 +72,11 @@ def pretrained_init(X_aux: torch.Tensor, y_aux: torch.Tensor, model: dpsgd.Model
                        seeds.int_seeds(1, int(seed), "tramer/worst-case-init"), device=device)
 
 
-def _tight_columns(mode: str, method: str, threat_model: str, claimed_eps: float) -> dict:
+def _tight_columns(mode: str, method: str, threat_model: str, claimed_eps: float,
+                   relation: str = RELATION) -> dict:
     """The columns a tight mode adds to the row (the tight-audit table's convention)."""
     return {"mode": mode, "method": method, "threat_model": threat_model,
-            "relation": RELATION, "eps_th": claimed_eps, "certified": True}
+            "relation": relation, "eps_th": claimed_eps, "certified": True}
 
 
 def _canary_scores(run, count: int) -> dict:
@@ -235,5 +236,6 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
            **audit_scores(groups[("validation", True)], groups[("validation", False)],
                           groups[("evaluation", True)], groups[("evaluation", False)],
                           claimed_eps, delta, alpha, profile),
-           **_tight_columns("white-box", method, METHODS[method], claimed_eps)}
+           **_tight_columns("white-box", method, METHODS[method], claimed_eps,
+                            subjects.canary_relation(train_fn))}
     return row, table
