@@ -65,8 +65,8 @@ def _under_equal_series(fig) -> set[str]:
         keys = {id(c.lines[0]): c.get_label() for c in ax.containers
                 if hasattr(c, "has_xerr")}  # an errorbar's label is its container's
         for i, line in enumerate(ax.get_lines()):
-            key = (keys.get(id(line)) or line.get_gid() or line.get_label()).split(
-                " [drawn under")[0]
+            key = re.split(r"\s\[drawn under",
+                           keys.get(id(line)) or line.get_gid() or line.get_label())[0]
             xy = np.asarray(line.get_xydata(), float)
             xy = xy[np.isfinite(xy).all(axis=1)]
             if line.get_visible() and len(xy) and not key.startswith("_"):
