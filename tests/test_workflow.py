@@ -244,13 +244,17 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # (scroll 0), written into the page for `--dump-dom` to print.
 _TITLE_TOP = """<script>setTimeout(() => {
   const h = document.querySelector(".prose h1");  // the front text's, not the navbar's
+  const view = document.querySelector("div.h-screen.overflow-auto");  // its scroll box
   document.body.setAttribute("data-title-top", h ? h.getBoundingClientRect().top : "none");
+  document.body.setAttribute("data-title-left", h ? h.getBoundingClientRect().left
+                             - view.getBoundingClientRect().left : "none");
 }, 3000);</script>"""
 
 
-def title_top(page: Path, width: int, height: int) -> float:
-    """Where headless Chromium draws the first heading of ``page`` (px from the window's
-    top, at scroll 0) in a ``width`` x ``height`` window."""
+def title_top(page: Path, width: int, height: int) -> tuple[float, float]:
+    """Where headless Chromium draws the first heading of ``page`` in a ``width`` x
+    ``height`` window, at scroll 0: px from the window's top, and from the left edge of
+    the view that scrolls it."""
     probe = page.with_name("probe.html")
     head, end, tail = page.read_text().rpartition("</body>")  # the page's own, the last
     probe.write_text(head + _TITLE_TOP + end + tail)
@@ -258,9 +262,10 @@ def title_top(page: Path, width: int, height: int) -> float:
                           f"--window-size={width},{height}", "--virtual-time-budget=10000",
                           "--dump-dom", probe.as_uri()], capture_output=True, text=True,
                          timeout=120)
-    found = re.search(r'data-title-top="(-?[\d.]+)"', out.stdout)
+    found = re.search(r'data-title-top="(-?[\d.]+)" data-title-left="(-?[\d.]+)"',
+                      out.stdout)
     assert found, out.stderr[-2000:]
-    return float(found.group(1))
+    return float(found.group(1)), float(found.group(2))
 
 
 @pytest.mark.slow
@@ -271,7 +276,8 @@ class TestTinyRun:
     def test_report_front_page_opens_on_its_title(self, tiny_run, tmp_path):
         """The report's front page, taller than the window, opens on its title at the
         window sizes of a laptop, a desktop and a phone: the title's top edge inside the
-        window at scroll 0 (Snakemake's page centres it, which cut it off)."""
+        window and its left edge inside its view at scroll 0 (Snakemake's page centres it,
+        which cut it off)."""
         out = snakemake("--report", str(tmp_path / "report.zip"), "--directory",
                         str(tiny_run.dir), "--configfile", str(tiny_run.conf))
         assert out.returncode == 0, out.stderr[-3000:]
@@ -279,7 +285,8 @@ class TestTinyRun:
             zf.extractall(tmp_path)
         (page,) = tmp_path.glob("*/report.html")
         for width, height in ((1366, 900), (1920, 1080), (390, 844)):
-            assert 0 <= title_top(page, width, height) < height / 4, (width, height)
+            top, left = title_top(page, width, height)
+            assert 0 <= top < height / 4 and left >= 0, (width, height, top, left)
 
     def test_report_holds_every_figure_with_its_caption(self, tiny_run, tmp_path):
         """`--report report.zip` after the run: every figure of `all` (and Table 2 as an

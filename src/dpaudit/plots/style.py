@@ -143,9 +143,9 @@ def _series(ax) -> dict[str, list]:
 def note_hidden(axes) -> None:
     """Add to the label of every series that lies, in every panel that draws it, under
     other series of the same values (each of its points drawn again by a line above it)
-    the note ``[drawn under "<that series>": equal values]``, so that a legend never names
-    a series the reader cannot tell apart without saying so (see :func:`_series`); call
-    this before the legend is made."""
+    the note ``[drawn under "<that series>": equal values]``, on a line of its own, so
+    that a legend never names a series the reader cannot tell apart without saying so
+    (see :func:`_series`); call this before the legend is made."""
     axes = list(getattr(axes, "flat", axes))
     hidden: dict[str, str | None] = {}  # label -> the series above it; None: seen somewhere
     for ax in axes:
@@ -175,8 +175,8 @@ def note_hidden(axes) -> None:
         for artist in [*ax.lines, *ax.containers]:
             under = hidden.get(artist.get_label())
             if under is not None:
-                artist.set_label(f'{artist.get_label()} [drawn under "{_short(under)}": '
-                                 'equal values]')
+                artist.set_label(f'{artist.get_label()}\n[drawn under "{_short(under)}": '
+                                 'equal values]')  # a line of its own: legends stay narrow
 
 
 def _short(label: str) -> str:
