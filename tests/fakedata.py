@@ -9,6 +9,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+#: CIFAR-10's classes in torchvision's order, as dpaudit.data names them (a test checks it);
+#: here so that writing the tiny data imports no torch (the GPU check's dry run).
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                   "ship", "truck")
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -53,8 +57,6 @@ def tiny_image_data(root: Path) -> None:
     """The tiny data of the tests' whole-DAG run and of the GPU check's dry run: Fashion-MNIST
     (IDX files, torchvision's raw layout: 120 training images, 80 of classes 0/1, and 40
     test images) and CIFAR-10 (an ImageFolder PNG tree, all ten classes, 18 per class)."""
-    from dpaudit.data import CIFAR10_CLASSES
-
     rng = np.random.default_rng(0)
     raw = root / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
