@@ -130,7 +130,7 @@ class TestDryRun:
         log = (dry_run.out / "stages.log").read_text()
         assert "[in place of: " in log  # the stubbed stage names its command
         for text in ("tests/test_cuda.py", "benchmarks/bench_dpsgd.py --cuda-only --tiny",
-                     "benchmarks/bench_step.py --device cuda --tiny",
+                     "benchmarks/bench_step.py --device cuda --tiny --threads 1",
                      "operations per step (this, tramer, CPU): K=1",
                      "results/tramer_audit.csv", "results/tight/whitebox.csv",
                      "results/tight/blackbox.csv", "config/gpu_check_tight.yaml",
