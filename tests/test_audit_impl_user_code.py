@@ -78,17 +78,7 @@ MODULE = textwrap.dedent('''
         return subjects.dpsgd_fixed(X, y, seeds, spec, canaries=mine)
 ''')
 
-N, D = 200, 20
-SPEC = {"epochs": 1, "batch_size": 20, "lr": 0.5, "clip": 1.0, "eps": 1.0, "delta": 1e-5,
-        "n": N, "device": "cpu"}
-
-
-def _data():
-    g = torch.Generator().manual_seed(0)
-    X = torch.rand(N, D, generator=g)
-    X[:, :5] = 0  # features the data never uses: where the Dirac canary goes
-    w = torch.randn(D, generator=g)
-    return X, (X @ w > (X @ w).median()).long()
+from test_tight_audit_impl import D, N, SPEC, _data  # noqa: E402  (the same tiny task)
 
 
 @pytest.fixture
