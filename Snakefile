@@ -64,6 +64,7 @@ include: "workflow/rules/onerun.smk"
 include: "workflow/rules/tramer.smk"
 include: "workflow/rules/abadi.smk"
 include: "workflow/rules/tight.smk"
+include: "workflow/rules/shuffle.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -111,6 +112,7 @@ rule reference:
         "figures/reference/tramer_canary_losses.pdf",
         "figures/reference/trials_needed.pdf",
         "figures/reference/tight_audit.pdf",
+        "figures/reference/shuffle_audit.pdf",
 
 
 # Last, when every rule is known: a target that no rule makes (common.smk).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from ..io import BadInputFile, DataNotFound
 
 #: Subcommand modules, in help order.
 COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
-            "abadi", "report", "tight")
+            "abadi", "report", "tight", "shuffle")
 
 
 def spec_arg(text: str) -> dict:
@@ -94,6 +95,12 @@ def made_by(provenance: dict, path, command: str, **expect) -> None:
         if provenance.get(key, want) != want:
             raise BadInputFile(path, f"a file of {command} with {key} {provenance[key]!r}, "
                                      f"not {want!r}")
+
+
+def kept_folder(store: Path | None, name: str) -> Path | None:
+    """Where one cell's batches of runs are kept: ``store/<name>``, the name's characters
+    other than letters, digits and dots made ``_`` (None without a store)."""
+    return None if store is None else store / re.sub(r"[^A-Za-z0-9.]+", "_", name)
 
 
 def say(command: str):

@@ -9,13 +9,13 @@ table in the same cells, and ``dpaudit tight-plot`` draws it."""
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import SpecError
 from ..device import DEVICES, resolve
-from . import FIGURE_HELP, figure_out, made_by, out_dir, out_file, say, seed_arg, spec_arg
+from . import (FIGURE_HELP, figure_out, kept_folder, made_by, out_dir, out_file, say, seed_arg,
+               spec_arg)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,7 +90,7 @@ def _audit(args) -> None:
                 got = whitebox.audit(task.X, task.y, model, cfg, spec["runs"], args.seed,
                                      spec["alpha"], spec["delta"], spec["select_frac"],
                                      device=device, log=log, what=f"{arch} eps {label}: ",
-                                     store=_cell_store(args.store, arch, label))
+                                     store=kept_folder(args.store, f"{arch}_eps{label}"))
             except ValueError as exc:  # a bad runs, alpha, delta or select_frac, by name
                 raise SpecError(f"--spec: {exc}") from exc
             rows += [{"eps_label": label, **r} for r in got]
@@ -100,12 +100,6 @@ def _audit(args) -> None:
     write_table(pd.DataFrame(rows), args.out,
                 {"command": "tight-whitebox-audit", "spec": spec, "train": train,
                  "seed": args.seed, "device": args.device, "task": task_prov})
-
-
-def _cell_store(store: Path | None, arch: str, label: str) -> Path | None:
-    """Where a cell's batches of runs are kept: ``store/<arch>_eps<label>``."""
-    return None if store is None else store / re.sub(r"[^A-Za-z0-9.]+", "_",
-                                                     f"{arch}_eps{label}")
 
 
 def _blackbox(args) -> None:
@@ -139,7 +133,7 @@ def _blackbox(args) -> None:
                                      tuple(spec["inits"]), spec["canary"], spec["n_aux"],
                                      spec["n"], spec["alpha"], spec["delta"], device=device,
                                      log=log, what=f"{arch} eps {label}: ",
-                                     store=_cell_store(args.store, arch, label))
+                                     store=kept_folder(args.store, f"{arch}_eps{label}"))
             except ValueError as exc:  # a bad runs, size, canary or init, by name
                 raise SpecError(f"--spec: {exc}") from exc
             rows += [{"eps_label": label, "hidden": spec["hidden"] if arch != "lr" else "",

@@ -23,6 +23,17 @@ likelihood ratio of "sampled at rate q" against "absent", which only an auditor 
 every iterate can compute; under shuffling the likelihood ratio of "in the step of a
 random position" against "absent", per epoch ("shuffle") or over the whole run
 ("shuffle-once", the same step every epoch).
+
+Crafted batch mates (``mates``): Chua, Ghazi, Kamath, Kumar, Manurangsi, Sinha and Zhang's
+worst case for shuffled batches ("How Private are DP-SGD Implementations?", 2024) is a data
+set whose every other example has the gradient -g_j along the canary, so that the canary's
+batch is visible by who else is in it: a fixed-size batch holding the canary's empty slot
+(the zero-out neighbour's ghost) lacks one mate, which Poisson sampling's random batch sizes
+hide. With ``mates`` set, every row sampled into a step adds ``mates * g_j`` to the clipped
+sum along canary j (the data's own gradients there are unchanged: on a quiet coordinate,
+none), and under shuffling the canary's slot takes one mate's place in its step, on both
+sides of the audit. DP-SGD's guarantee holds for every data set, this one included; for
+Poisson sampling the pair is still dominated by the add/remove pair the accountant uses.
 """
 
 from __future__ import annotations
@@ -104,6 +115,9 @@ class GradientCanaries:
     ``included`` (a run with a canary in and one with it out are paired: word j of step t
     below rate 2^32 decides at every step; with shuffled batches, sort key j of epoch e
     modulo n is the position, epoch 0's for "shuffle-once").
+    mates: every row sampled into a step also adds ``mates * g_j`` (in [-1, 1]: a clipped
+    example's component along g_j; Chua et al.'s worst case is -1), the canary's slot
+    under shuffling taking one mate's place (module docstring); 0 = none.
     Extra memory: the directions on the device, and a step's (K, m) draws.
 
     ``insertions``: what every training call that took this object inserted, one
@@ -115,6 +129,7 @@ class GradientCanaries:
     directions: torch.Tensor
     included: torch.Tensor
     rate: float | None = None
+    mates: float = 0.0
     insertions: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -137,6 +152,11 @@ class GradientCanaries:
         if not ok:
             raise ValueError(f"canaries.rate={rate!r}: must be in (0, 1] (or None: the data's "
                              f"rate batch_size / n)")
+        mates = self.mates
+        if isinstance(mates, bool) or not isinstance(mates, (int, float)) \
+                or not -1 <= mates <= 1:
+            raise ValueError(f"canaries.mates={mates!r}: must be a number in [-1, 1] (each "
+                             f"batch mate's gradient along the canary, in units of it)")
 
     def record(self, steps: int, rate: float, counts: torch.Tensor) -> None:
         """Note a training call's insertions: ``steps`` steps at sampling ``rate``, canary j
@@ -183,8 +203,11 @@ class CanaryRun(NamedTuple):
     iterate weighs each step by how likely it holds the canary, which a sum of inner
     products cannot. With shuffled batches, a_t = mu z_t - mu^2 / 2 and w_s = (size of
     batch s) / n: the sum over epochs of log sum_s w_s exp(a_{e,s}) ("shuffle"), or log
-    sum_s w_s exp(sum_e a_{e,s}) ("shuffle-once"). None without noise (where it is
-    undefined)."""
+    sum_s w_s exp(sum_e a_{e,s}) ("shuffle-once"). With batch mates (``mates`` = m), z_t
+    less its mates' expected part; shuffled, the ratio of the canary's step at mean mu (1 -
+    m) against its empty slot at mean -mu m (each a sum over s as above), Chua et al.'s
+    pair; Poisson, the formula above, the batch's random size left as noise. None without
+    noise (where it is undefined)."""
 
     params: Params
     scores: torch.Tensor
@@ -198,9 +221,12 @@ class _CanaryHook:
 
     def __init__(self, canaries: GradientCanaries, rate: float | None, key: torch.Tensor,
                  params: Params, dev, dtype, step_size: float, noise_std: float, clip: float,
-                 fused: bool = False, shuffle: tuple[str, int, int] | None = None):
+                 fused: bool = False, shuffle: tuple[str, int, int] | None = None,
+                 expected_size: float = 0.0):
         """``rate``: Poisson insertion at that rate per step; None with ``shuffle`` =
-        (sampling, n, batch_size): once per epoch at a random position of the permutation."""
+        (sampling, n, batch_size): once per epoch at a random position of the permutation.
+        ``expected_size``: a Poisson batch's expected size, where batch mates' expected part
+        is taken off the likelihood ratio's z_t."""
         d = canaries.directions.to(dev)
         K, (m, P) = params.K, d.shape
         self.K, self.m, self.key, self.dtype = K, m, key, dtype
@@ -208,19 +234,20 @@ class _CanaryHook:
         self.included = canaries.included.to(dev)
         self.counts = torch.zeros(K, m, device=dev, dtype=torch.int64)  # insertions so far
         self.scores = torch.zeros(K, m, device=dev, dtype=torch.float64)
-        self.shuffle, self.t = shuffle, 0
+        self.shuffle, self.t, self.mates = shuffle, 0, float(canaries.mates)
         if shuffle is not None:
             sampling, n, B = shuffle
             self.n, self.B, self.spe = n, B, -(-n // B)
             # log P(the canary's step is s): batch s's share of the n positions
-            sizes = [min(B, n - s * B) for s in range(self.spe)]
-            self.log_w = torch.tensor([math.log(b / n) for b in sizes], device=dev,
+            self.sizes = [min(B, n - s * B) for s in range(self.spe)]
+            self.log_w = torch.tensor([math.log(b / n) for b in self.sizes], device=dev,
                                       dtype=torch.float64)
             self.rate = 1.0 / self.spe  # the mean rate per step (recorded): once an epoch
         else:
             self.rate = float(rate)
         # Per-step likelihood ratio: z = <step, g> / (step_size noise_std C) is N(0, 1) from
-        # the noise plus mu = C / noise_std when the canary was added (data ignored).
+        # the noise plus mu = C / noise_std when the canary was added (data ignored), plus
+        # mu * mates per batch mate.
         self.noisy = noise_std > 0
         self._llr = torch.zeros(K, m, device=dev, dtype=torch.float64) if self.noisy else None
         if self.noisy:
@@ -229,10 +256,17 @@ class _CanaryHook:
             if shuffle is None:
                 self.log_out = math.log1p(-self.rate) if self.rate < 1 else -math.inf
                 self.log_in = math.log(self.rate) - self.mu ** 2 / 2
-            elif shuffle[0] == "shuffle":  # this epoch's log sum_s w_s exp(a_s)
-                self.epoch_lr = torch.full((K, m), -math.inf, device=dev, dtype=torch.float64)
-            else:  # sum_e a_{e,s} per step s of the epoch
-                self.slot_sum = torch.zeros(K, m, self.spe, device=dev, dtype=torch.float64)
+                self.offset = self.mu * self.mates * expected_size
+            else:
+                # The canary's step has mean b_in, its empty slot's b_out (module docstring).
+                self.b = (self.mu * (1 - self.mates), -self.mu * self.mates)
+                self.sides = 2 if self.mates else 1  # b_out = 0: its sum is log 1 = 0
+                if shuffle[0] == "shuffle":  # this epoch's log sum_s w_s exp(a_s), per side
+                    self.epoch_lr = torch.full((self.sides, K, m), -math.inf, device=dev,
+                                               dtype=torch.float64)
+                else:  # sum_e a_{e,s} per step s of the epoch, per side
+                    self.slot_sum = torch.zeros(self.sides, K, m, self.spe, device=dev,
+                                                dtype=torch.float64)
         self.csum = torch.empty(K, P, device=dev, dtype=dtype)
         self.flat = flatten(params)
         if bool((torch.linalg.vector_norm(d, 0, dim=1) == 1).all()):  # nonzeros per row
@@ -245,12 +279,15 @@ class _CanaryHook:
             self.dirs = d.to(dtype)
             self.prev, self.step = self.flat.clone(), torch.empty_like(self.flat)
 
-    def add(self, params: Params, t: int, step_size: float) -> None:
-        """theta -= step_size * (sum of the included canaries sampled at step t)."""
+    def add(self, params: Params, t: int, step_size: float,
+            sizes: torch.Tensor | None = None) -> None:
+        """theta -= step_size * (sum of the included canaries sampled at step t, and of the
+        batch mates: ``sizes`` (K,), the rows in each model's batch, needed with mates)."""
         self.t = t
         if self.shuffle is None:
             hit = philox.draw("bernoulli", self.key, philox.CANARY, t, self.m, self.rate,
                               fused=self.fused)
+            slot = None
         else:
             epoch, s = divmod(t, self.spe)
             if s == 0 and (epoch == 0 or self.shuffle[0] == "shuffle"):
@@ -258,10 +295,14 @@ class _CanaryHook:
                 pos = philox.draw("sort_keys", self.key, philox.CANARY, epoch, self.m,
                                   fused=self.fused) % self.n
                 self.slot = pos // self.B  # (K, m)
-            hit = self.slot == s
-        hit = hit.logical_and_(self.included)  # (K, m)
+            hit = slot = self.slot == s
+        hit = hit.logical_and(self.included)  # (K, m)
         self.counts.add_(hit)
         hit = hit.to(self.dtype)
+        if self.mates:  # every row of the batch a mate, but the one the canary's slot takes
+            mates = sizes.to(self.dtype).view(-1, 1).expand(self.K, self.m)
+            hit = hit.add(mates if slot is None else mates - slot.to(self.dtype),
+                          alpha=self.mates)
         if self.dirs is None:
             self.csum.zero_().index_add_(1, self.coords, hit.mul_(self.values_dt))
         else:
@@ -283,23 +324,30 @@ class _CanaryHook:
         self.scores.add_(step)
         if not self.noisy:
             return
+        z = step.mul_(self.z_scale)
         if self.shuffle is None:  # log(1 - q + q exp(mu z - mu^2 / 2)) per step
-            self._llr.add_(torch.logaddexp(torch.full_like(step, self.log_out),
-                                           step.mul_(self.z_scale * self.mu).add_(self.log_in)))
+            z.sub_(self.offset)
+            self._llr.add_(torch.logaddexp(torch.full_like(z, self.log_out),
+                                           z.mul_(self.mu).add_(self.log_in)))
             return
-        a = step.mul_(self.z_scale * self.mu).sub_(self.mu ** 2 / 2)  # mu z - mu^2 / 2
         s = self.t % self.spe
+        z.sub_(self.mu * self.mates * self.sizes[s])  # the mates' part: fixed-size batches
+        # b z - b^2 / 2 per side: the canary's step, and its empty slot's
+        a = torch.stack([z * b - b * b / 2 for b in self.b[:self.sides]])
         if self.shuffle[0] == "shuffle":
             self.epoch_lr = torch.logaddexp(self.epoch_lr, a + self.log_w[s])
             if s == self.spe - 1:
-                self._llr.add_(self.epoch_lr)
+                self._llr.add_(self.epoch_lr[0])
+                if self.sides == 2:
+                    self._llr.sub_(self.epoch_lr[1])
                 self.epoch_lr.fill_(-math.inf)
         else:
-            self.slot_sum[:, :, s].add_(a)
+            self.slot_sum[..., s].add_(a)
 
     @property
     def llr(self) -> torch.Tensor | None:
         """The all-iterates log likelihood ratio so far (after whole epochs when shuffled)."""
         if self._llr is None or self.shuffle is None or self.shuffle[0] == "shuffle":
             return self._llr
-        return torch.logsumexp(self.slot_sum + self.log_w, dim=-1)
+        per_side = torch.logsumexp(self.slot_sum + self.log_w, dim=-1)
+        return per_side[0] - per_side[1] if self.sides == 2 else per_side[0]

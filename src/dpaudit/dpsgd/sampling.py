@@ -76,6 +76,13 @@ def full_batch(cfg: DPSGDConfig, n: int) -> bool:
     return cfg.shuffled and cfg.batch_size >= n
 
 
+def batch_sizes(index, weights, n: int, K: int, device) -> torch.Tensor:
+    """The rows in each of K runs' batches, (K,), from a :meth:`Batches.step`."""
+    if weights is not None:
+        return weights.sum(1)
+    return torch.full((K,), n if index is None else index.shape[1], device=device)
+
+
 class Batches:
     """Each step's batch of K runs (keys (K, 2) of :func:`dpaudit.dpsgd.philox.keys`), in the
     form :func:`shares_data` chose.

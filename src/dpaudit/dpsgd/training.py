@@ -155,7 +155,7 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     hook = None if canaries is None else _CanaryHook(
         canaries, None if by_shuffle else canaries.rate or cfg.batch_size / n, key,
         wide.column(0), dev, dtype, step_size, stds[0], cfg.clip, fused,
-        (cfg.sampling, n, cfg.batch_size) if by_shuffle else None)
+        (cfg.sampling, n, cfg.batch_size) if by_shuffle else None, cfg.batch_size)
     ends = sampling.epoch_ends(cfg, n) if on_epoch is not None else []
     epoch = 0
     for t in range(T):
@@ -177,7 +177,8 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
             sq_b = sq_in.index_select(0, flat_idx).view(K, -1)
         step(wide, xb, xt, yb, sq_b, clip, weights, step_size)
         if hook is not None:
-            hook.add(hook_params := wide.column(0), t, step_size)
+            hook.add(hook_params := wide.column(0), t, step_size,
+                     sampling.batch_sizes(idx, weights, n, K, dev) if hook.mates else None)
         if noisy:
             noise = philox.draw("normal", key, philox.NOISE, t, model.n_params, fused=fused)
             views = _noise_views(noise, model)

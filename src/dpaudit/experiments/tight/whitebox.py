@@ -98,10 +98,10 @@ def trainer_digest() -> str:
 
 
 def store_key(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, seed: int,
-              init: dpsgd.Params | None = None, device=None) -> dict:
+              init: dpsgd.Params | None = None, device=None, mates: float = 0.0) -> dict:
     """What a kept batch of runs depends on besides its seeds: the data, model, DP-SGD
-    set-up, run seed, initial parameters, trainer code and the device kind (a seed trains
-    the same model only on the same kind of device, torch and CUDA)."""
+    set-up, run seed, initial parameters, batch mates, trainer code and the device kind (a
+    seed trains the same model only on the same kind of device, torch and CUDA)."""
     from dataclasses import asdict
 
     from ...device import reproduce_key
@@ -109,16 +109,17 @@ def store_key(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, seed: int,
 
     return {"audit": "tight-whitebox", "model": asdict(model), "dpsgd": asdict(cfg),
             "seed": int(seed), "data_sha256": array_digest({"X": X, "y": y}),
-            "init_sha256": None if init is None else init.digest(),
+            "init_sha256": None if init is None else init.digest(), "mates": float(mates),
             "trainer": trainer_digest(), "device": reproduce_key(device)}
 
 
 def whitebox_scores(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int,
                     seed: int, init: dpsgd.Params | None = None, device=None,
                     per_call: int | None = None, log: Callable[[str], None] | None = None,
-                    store=None, what: str = "") -> dict:
+                    store=None, what: str = "", mates: float = 0.0) -> dict:
     """Train ``runs`` models per side on ``(X, y)`` by DP-SGD (``cfg``), the canary
-    (:func:`canary`) inserted on the ``"in"`` side; both sides' runs share the wide calls,
+    (:func:`canary`) inserted on the ``"in"`` side (with crafted batch ``mates``,
+    :class:`dpaudit.dpsgd.GradientCanaries`); both sides' runs share the wide calls,
     ``per_call`` models each (default :func:`dpaudit.dpsgd.seeds_per_call` within blocks of
     :func:`dpaudit.dpsgd.seeds_per_block`), and a run's draws depend on its seed alone.
     Returns ``{side: {score: (runs,) float64}}`` with scores ``"llr"`` (None without noise,
@@ -146,13 +147,14 @@ def whitebox_scores(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: 
             part = chunk[at:at + k]
             included = torch.tensor([(start + at + i) % 2 == 0 for i in range(len(part))])
             run = dpsgd.train(X, y, model, cfg, part, init=init, device=device,
-                              canaries=dpsgd.GradientCanaries(direction, included.view(-1, 1)))
+                              canaries=dpsgd.GradientCanaries(direction, included.view(-1, 1),
+                                                              mates=mates))
             got["dot_sum"].append(run.scores[:, 0].cpu().numpy())
             if run.llr is not None:
                 got["llr"].append(run.llr[:, 0].cpu().numpy())
         return {name: np.concatenate(v) for name, v in got.items() if v}
 
-    key = None if store is None else store_key(X, y, model, cfg, seed, init, device)
+    key = None if store is None else store_key(X, y, model, cfg, seed, init, device, mates)
     block = per_call or dpsgd.seeds_per_block(1, device, len(all_seeds))
     table = trials.run([trials.Side("in/out", all_seeds)], train_score, int(block), log, what,
                        store=store, key=key)
@@ -189,7 +191,7 @@ def theoretical_eps(cfg: dpsgd.DPSGDConfig, n: int, delta: float) -> tuple[float
             accounting.epsilon(cfg.noise_multiplier, q, T, delta, "rdp_classic"))
 
 
-def _hidden(model: dpsgd.ModelSpec) -> str:
+def hidden_cell(model: dpsgd.ModelSpec) -> str:
     """The hidden widths as a table cell: "" for "lr", "32", "384x384"."""
     if model.arch == "lr":
         return ""
@@ -216,7 +218,7 @@ def audit(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int, seed:
                              store, what)
     n = len(X)
     eps_th, eps_rdp = theoretical_eps(cfg, n, delta)
-    setup = {"eps_rdp": eps_rdp, "arch": model.arch, "hidden": _hidden(model), "n": n,
+    setup = {"eps_rdp": eps_rdp, "arch": model.arch, "hidden": hidden_cell(model), "n": n,
              "noise": float(cfg.noise_multiplier), "clip": float(cfg.clip),
              "q": cfg.batch_size / n, "steps": cfg.steps(n), "sampling": cfg.sampling,
              "init": cfg.init, "alpha": float(alpha), "delta": float(delta),
@@ -235,4 +237,4 @@ def audit(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int, seed:
 
 
 __all__ = ["METHODS", "RELATION", "canary", "run_seeds", "trainer_digest", "store_key",
-           "whitebox_scores", "audit_scores", "theoretical_eps", "audit"]
+           "whitebox_scores", "audit_scores", "theoretical_eps", "hidden_cell", "audit"]
