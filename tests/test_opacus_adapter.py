@@ -4,7 +4,6 @@ trainer on the same model and initial parameters; tiny models, a few steps."""
 
 import json
 import math
-import shlex
 
 import pytest
 import torch
@@ -18,6 +17,16 @@ from dpaudit.adapters.opacus import OpacusTrainer, _Scores, run_seeds  # noqa: E
 pytestmark = pytest.mark.filterwarnings("ignore:.*[Ff]ull backward hook")
 
 N, D, B, LR, C, SIGMA = 20, 5, 5, 0.5, 1.0, 1.0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Opacus steps of tiny models: two threads on a busy 2-core machine take many times
+    as long as one (as every pytest-xdist worker has)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _data(n=N):
@@ -181,7 +190,7 @@ def test_whitebox_inserts_at_the_rate_with_noise_and_pairs_the_draws():
     (dict(batch_size=21), r"batch_size=21\): must be <= n=20"),
     (dict(max_grad_norm=0), r"max_grad_norm=0\): must be a number > 0"),
     (dict(accountant="pld"), r"accountant='pld'\): must be one of \('prv', 'rdp', 'gdp'\)"),
-    (dict(target_epsilon=1.0), "give noise_multiplier or target_epsilon"),
+    (dict(target_epsilon=1.0), "give exactly one of noise_multiplier and target_epsilon"),
     (dict(epochs=1.5), r"epochs=1.5\): must be a whole number >= 1"),
 ])
 def test_bad_arguments_are_named(kw, message):
@@ -220,9 +229,48 @@ def test_audit_args_give_the_claim_spec_and_flags():
     assert args["spec"] == {"clip": C, "q": 0.25, "steps": 20, "accountant": "pld",
                             "arch": "fnn", "n_classes": 2, "hidden": 3}
     assert args["eps"] == train.epsilon(1e-5) and args["n_train"] == N
-    flags = shlex.split(train.cli_args(1e-5))
+    flags = train.cli_args(1e-5).split()  # as $(...) splits it
     assert flags[:6] == ["--eps", repr(args["eps"]), "--delta", "1e-05", "--n-train", "20"]
     assert json.loads(flags[flags.index("--spec") + 1]) == args["spec"]
     # PLD's eps at the training's noise is below Opacus' (prv) eps: the profile test holds
     # the training to no more than it claims
     assert accounting.epsilon(2.0, 0.25, 20, 1e-5, "pld") < args["eps"]
+
+
+@pytest.fixture(scope="module")
+def cases():
+    """examples/opacus/cases.py, the trainings of `examples/opacus/audit.py`."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "opacus"))
+    try:
+        yield importlib.import_module("cases")
+    finally:
+        sys.path.pop(0)
+
+
+def test_example_bug_adds_the_noise_of_the_batch_mean(cases):
+    """NoiseOnTheMean: noise std sigma C / B on the clipped sum; Opacus' own: sigma C."""
+    std = {}
+    for cls in (opacus.optimizers.DPOptimizer, cases.NoiseOnTheMean):
+        p = nn.Parameter(torch.zeros(20_000))
+        dp = cls(torch.optim.SGD([p], lr=1.0), noise_multiplier=7.7, max_grad_norm=2.0,
+                 expected_batch_size=100, generator=torch.Generator().manual_seed(0))
+        p.summed_grad = torch.ones(20_000)
+        dp.add_noise()
+        std[cls] = float((p.grad - 1).std())
+    # 20,000 draws: the sample std within 5 / sqrt(2 * 20,000) = 2.5%
+    assert std[opacus.optimizers.DPOptimizer] == pytest.approx(15.4, rel=0.025)
+    assert std[cases.NoiseOnTheMean] == pytest.approx(0.154, rel=0.025)
+
+
+def test_example_trainings_claim_opacus_eps_1_at_q_02_over_100_steps(cases):
+    args = cases.correct.audit_args(cases.DELTA)
+    assert 0.98 < args["eps"] <= 1.0 and args["n_train"] == 500
+    assert args["spec"] == {"clip": 1.0, "q": 0.2, "steps": 100, "accountant": "pld",
+                            "arch": "lr", "n_classes": 2}
+    for t in (cases.shuffled, cases.noise_on_mean):  # the claim the user would publish
+        assert (t.noise_multiplier, t.q, t.steps) == (cases.correct.noise_multiplier, 0.2, 100)
+    assert not cases.shuffled.poisson_sampling

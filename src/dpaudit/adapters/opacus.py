@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import warnings
 from typing import Callable, Iterable, Sequence
 
@@ -239,8 +238,8 @@ class OpacusTrainer:
             raise ValueError(f"OpacusTrainer(accountant={accountant!r}): must be one of "
                              f"{ACCOUNTANTS}")
         if (noise_multiplier is None) == (target_epsilon is None):
-            raise ValueError("OpacusTrainer: give noise_multiplier or target_epsilon (with "
-                             "target_delta), not both")
+            raise ValueError("OpacusTrainer: give exactly one of noise_multiplier and "
+                             "target_epsilon (with target_delta)")
         self.model_fn, self.optimizer_fn = model_fn, optimizer_fn
         self.max_grad_norm, self.batch_size, self.epochs, self.n = \
             float(max_grad_norm), batch_size, epochs, n
@@ -310,10 +309,13 @@ class OpacusTrainer:
         return {"eps": eps, "delta": delta, "n_train": self.n, "spec": spec}
 
     def cli_args(self, delta: float) -> str:
-        """:meth:`audit_args` as ``dpaudit audit-impl`` flags (shell-quoted)."""
+        """:meth:`audit_args` as ``dpaudit audit-impl`` flags for a shell's command
+        substitution, ``dpaudit audit-impl ... $(python -c ...)``: no spaces and no quotes
+        within a flag's value (the shell splits the result at spaces and removes no quotes)."""
         a = self.audit_args(delta)
-        return shlex.join(["--eps", repr(a["eps"]), "--delta", repr(delta), "--n-train",
-                           str(a["n_train"]), "--spec", json.dumps(a["spec"])])
+        return " ".join(["--eps", repr(a["eps"]), "--delta", repr(delta), "--n-train",
+                         str(a["n_train"]), "--spec", json.dumps(a["spec"],
+                                                                  separators=(",", ":"))])
 
     def _loader(self, X: torch.Tensor, y: torch.Tensor):
         """Opacus' Poisson DPDataLoader at rate q, or a user's shuffled DataLoader; both
