@@ -274,3 +274,22 @@ def test_example_trainings_claim_opacus_eps_1_at_q_02_over_100_steps(cases):
     for t in (cases.shuffled, cases.noise_on_mean):  # the claim the user would publish
         assert (t.noise_multiplier, t.q, t.steps) == (cases.correct.noise_multiplier, 0.2, 100)
     assert not cases.shuffled.poisson_sampling
+
+
+@pytest.mark.parametrize("mode", ["black-box", "worst-case-init", "white-box"])
+def test_the_audit_accepts_the_adapter_in_every_mode(mode):
+    """audit-impl's own checks (contract, seed check, insertions) pass on the adapter's
+    runs: an audit with its spec, 10 + 5 runs per side."""
+    from dpaudit import canaries, subjects
+    from dpaudit.experiments import tramer
+
+    X, y = _data()
+    train = _trainer(noise_multiplier=2.0, epochs=1)
+    spec = {"clip": C, "arch": "lr", "n_classes": 2}  # as audit_args gives it
+    init = (dpsgd.init_params(subjects.model_spec(spec, D, 2), 1, 0, device="cpu")
+            if mode == "worst-case-init" else None)
+    row, table = tramer.audit_implementation(
+        train, X, y, canaries.make_canary("checkerboard", X, y, 1), 5.0, 1e-5, 10, 5, spec,
+        0, 0.05, mode=mode, init=init)
+    assert len(table) == 30 and row["seed_check"] == 3 and row["usable_runs"] == 30
+    assert row["verdict"] == tramer.NO_VIOLATION  # 10 runs certify at most eps 0.8 < 5
