@@ -1,0 +1,317 @@
+"""The Opacus adapter (dpaudit.adapters.opacus): its runs against plain Opacus runs of the
+same seeds, its claim against Opacus' own accountant, its tight modes against dpaudit's
+trainer on the same model and initial parameters; tiny models, a few steps."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from dpaudit import accounting, dpsgd
+
+opacus = pytest.importorskip("opacus")
+from dpaudit.adapters.opacus import OpacusTrainer, _Scores, run_seeds  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*[Ff]ull backward hook")
+
+N, D, B, LR, C, SIGMA = 20, 5, 5, 0.5, 1.0, 1.0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Opacus steps of tiny models: two threads on a busy 2-core machine take many times
+    as long as one (as every pytest-xdist worker has)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _data(n=N):
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(n, D, generator=g)
+    X[:, -1] = 0  # a feature the data never uses: the Dirac canary's coordinates
+    return X, (X[:, 0] + 0.1 * torch.randn(n, generator=g) > 0.5).long()
+
+
+def _linear():
+    return nn.Linear(D, 2)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(D, 3), nn.ReLU(), nn.Linear(3, 2))
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=LR)
+
+
+def _trainer(model_fn=_linear, **kw):
+    args = dict(max_grad_norm=C, batch_size=B, epochs=2, n=N, noise_multiplier=SIGMA)
+    return OpacusTrainer(model_fn, _sgd, **{**args, **kw})
+
+
+def _plain_opacus(X, y, seed, poisson_sampling=True):
+    """A user's script: torch.manual_seed, make_private with a noise generator, train."""
+    s_model, s_noise, _ = run_seeds(seed)
+    torch.manual_seed(s_model)
+    module = _linear()
+    engine = opacus.PrivacyEngine()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=B,
+                                         shuffle=not poisson_sampling)
+    module, optimizer, loader = engine.make_private(
+        module=module, optimizer=_sgd(module.parameters()), data_loader=loader,
+        noise_multiplier=SIGMA, max_grad_norm=C, poisson_sampling=poisson_sampling,
+        noise_generator=torch.Generator().manual_seed(s_noise))
+    for _ in range(2):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(module(xb), yb).backward()
+            optimizer.step()
+    return module._module, engine
+
+
+@pytest.mark.parametrize("poisson", [True, False])
+def test_runs_are_plain_opacus_runs_of_the_same_seeds_and_the_claim_is_opacus_own(poisson):
+    X, y = _data()
+    train = _trainer(poisson_sampling=poisson)
+    logits = train(X, y, [7, 8], {})(X)
+    assert logits.shape == (2, N, 2) and logits.dtype == torch.float32
+    for k, seed in enumerate([7, 8]):
+        module, engine = _plain_opacus(X, y, seed, poisson)
+        with torch.no_grad():
+            torch.testing.assert_close(logits[k], module(X), rtol=1e-6, atol=1e-6)
+    assert train.epsilon(1e-5) == pytest.approx(engine.get_epsilon(1e-5), rel=1e-9)
+    assert not torch.allclose(logits[0], logits[1])  # each seed its own run
+    torch.testing.assert_close(train(X, y, [8], {})(X)[0], logits[1])  # not its call's
+
+
+def test_sample_rate_is_b_over_n_with_or_without_the_canary_row():
+    """make_private would take 1 / len(loader): 1/4 on 20 rows, 1/5 on 21."""
+    train = _trainer()
+    assert (train.q, train.steps) == (B / N, 8)
+    X, y = _data(N + 1)
+    torch.manual_seed(0)
+    before = torch.rand(1)
+    torch.manual_seed(0)
+    assert train(X, y, [1], {})(X).shape == (1, N + 1, 2)
+    assert torch.equal(torch.rand(1), before)  # the caller's generator untouched
+    with pytest.raises(ValueError, match=r"X has 22 rows; .* n=20 \(the audit's --n-train\)"):
+        train(*_data(N + 2), [1], {})
+
+
+def _dpaudit_run(model, X, y, init, canaries, epochs, noise):
+    cfg = dpsgd.DPSGDConfig(epochs=epochs, batch_size=len(X), lr=LR, clip=C,
+                            noise_multiplier=noise, sampling="poisson", init="fixed")
+    return dpsgd.train(X, y, model, cfg, list(range(len(canaries.included))), init=init,
+                       device="cpu", canaries=canaries)
+
+
+@pytest.mark.parametrize("arch", ["lr", "fnn"])
+def test_tight_modes_train_and_score_as_dpaudit_trainer_does(arch):
+    """Full batches (q = 1) and no noise, so that both trainers take the same steps: the
+    auditor's init loaded into nn.Linear's (out, in) weights, the Dirac canary added to
+    the clipped sum at every step of the run that includes it; equal models and scores."""
+    X, y = _data()
+    model = dpsgd.ModelSpec(arch, D, 3, 2)
+    init = dpsgd.init_params(model, 1, 5, 3.0, device="cpu")
+    init.b[0] += 0.1
+    P = model.n_params
+    # first-layer weight (input 1 -> unit 1) and the last bias
+    directions = torch.zeros(2, P)
+    directions[0, 1 * model.shapes[0][1] + 1], directions[1, P - 1] = C, C
+    included = torch.tensor([[True, False], [False, False]])
+    ref = _dpaudit_run(model, X, y, init, dpsgd.GradientCanaries(directions, included), 4, 0.0)
+    train = _trainer(_mlp if arch == "fnn" else _linear, batch_size=N, epochs=4,
+                     noise_multiplier=0.0)
+    canaries = dpsgd.GradientCanaries(directions, included)
+    run = train(X, y, [3, 4], {}, init=init, canaries=canaries)
+    assert run.llr is None and ref.llr is None  # no noise: scores only
+    torch.testing.assert_close(run.scores, ref.scores, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(dpsgd.flatten(run.params), dpsgd.flatten(ref.params),
+                               rtol=1e-5, atol=1e-6)
+    assert run.scores[0, 0] - run.scores[1, 0] > 0.05  # 4 insertions of lr / B * C^2 = 0.025
+    (ins,) = canaries.insertions
+    assert (ins.steps, ins.rate) == (4, 1.0) and ins.counts.tolist() == [[4, 0], [0, 0]]
+    # The worst-case init alone: the same model as dpaudit's trainer without canaries.
+    predict = train(X, y, [3], {}, init=init)
+    cfg = dpsgd.DPSGDConfig(4, N, LR, C, 0.0, "poisson", init="fixed")
+    want = dpsgd.logits(dpsgd.train(X, y, model, cfg, [0], init=init, device="cpu"), X, model)
+    torch.testing.assert_close(predict(X), want, rtol=1e-5, atol=1e-6)
+
+
+def test_llr_is_dpaudit_trainer_llr_on_the_same_iterates():
+    """With noise the two trainers draw different noise, so the score definitions are
+    tested on dpaudit's iterates (one step per epoch: every row in each batch)."""
+    X, y = _data()
+    model = dpsgd.ModelSpec("lr", D, n_classes=2)
+    init = dpsgd.init_params(model, 1, 1, device="cpu")
+    directions = torch.zeros(1, model.n_params)
+    directions[0, 3] = C
+    canaries = dpsgd.GradientCanaries(directions, torch.ones(2, 1, dtype=torch.bool), rate=0.3)
+    iterates = []
+    cfg = dpsgd.DPSGDConfig(6, N, LR, C, SIGMA, "shuffle", init="fixed")
+    ref = dpsgd.train(X, y, model, cfg, [1, 2], init=init, device="cpu", canaries=canaries,
+                      on_epoch=lambda e, ps: iterates.append(dpsgd.flatten(ps[0]).clone()))
+    assert len(iterates) == 6 and ref.llr is not None
+    for k in range(2):
+        s = _Scores(directions, 0.3, LR / N, SIGMA * C, C, dpsgd.flatten(init)[0])
+        for theta in iterates:
+            s.observe(theta[k])
+        torch.testing.assert_close(s.scores, ref.scores[k], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(s.llr, ref.llr[k], rtol=1e-9, atol=1e-12)
+
+
+def test_whitebox_inserts_at_the_rate_with_noise_and_pairs_the_draws():
+    X, y = _data()
+    directions = torch.zeros(1, 2 * D + 2)
+    directions[0, (D - 1) * 2] = C  # weight of the unused feature D - 1 to class 0
+    inside, outside = (dpsgd.GradientCanaries(directions, torch.full((16, 1), v))
+                       for v in (True, False))
+    train = _trainer()
+    run = train(X, y, range(16), {}, canaries=inside)
+    assert run.llr.shape == (16, 1) and run.scores.dtype == torch.float64
+    (ins,) = inside.insertions
+    assert (ins.steps, ins.rate) == (8, 0.25)
+    assert abs(int(ins.counts.sum()) - 32) < 5 * math.sqrt(128 * 0.25 * 0.75)
+    out = train(X, y, range(16), {}, canaries=outside)
+    assert int(outside.insertions[0].counts.sum()) == 0
+    # The same noise on both sides (paired), and no data gradient on the canary's
+    # coordinate: each insertion moves the score by exactly lr / B * C^2.
+    gap = (run.scores - out.scores)[:, 0] / (LR / B * C * C)
+    torch.testing.assert_close(gap, ins.counts[:, 0].double(), rtol=0, atol=1e-5)
+    # the llr of a run is that of its steps' scores (dpaudit's definition: tested above)
+    assert bool((run.llr[:, 0] > out.llr[:, 0])[ins.counts[:, 0] > 0].all())
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(batch_size=21), r"batch_size=21\): must be <= n=20"),
+    (dict(max_grad_norm=0), r"max_grad_norm=0\): must be a number > 0"),
+    (dict(accountant="pld"), r"accountant='pld'\): must be one of \('prv', 'rdp', 'gdp'\)"),
+    (dict(target_epsilon=1.0), "give exactly one of noise_multiplier and target_epsilon"),
+    (dict(epochs=1.5), r"epochs=1.5\): must be a whole number >= 1"),
+])
+def test_bad_arguments_are_named(kw, message):
+    with pytest.raises(ValueError, match=message):
+        _trainer(**kw)
+
+
+def test_target_epsilon_gives_opacus_sigma_and_claim():
+    train = _trainer(noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
+                     accountant="gdp")
+    from opacus.accountants.utils import get_noise_multiplier
+
+    assert train.noise_multiplier == get_noise_multiplier(
+        target_epsilon=3.0, target_delta=1e-5, sample_rate=0.25, steps=8, accountant="gdp")
+    assert 2.9 < train.epsilon(1e-5) <= 3.0
+
+
+def test_tight_modes_refuse_other_layouts_and_optimizers_naming_the_mode():
+    X, y = _data()
+    model = dpsgd.ModelSpec("fnn", D, 3, 2)
+    init = dpsgd.init_params(model, 1, 0, device="cpu")
+    tanh = _trainer(lambda: nn.Sequential(nn.Linear(D, 3), nn.Tanh(), nn.Linear(3, 2)))
+    with pytest.raises(ValueError, match=r"mode 'worst-case-init': .* Sequential with dense "
+                                         r"layers \[\(5, 3\), \(3, 2\)\] is not one of them"):
+        tanh(X, y, [0], {}, init=init)
+    g = dpsgd.GradientCanaries(torch.eye(1, 2 * D + 2) * C, torch.ones(1, 1, dtype=torch.bool))
+    momentum = OpacusTrainer(_linear, lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9),
+                             max_grad_norm=C, batch_size=B, epochs=1, n=N, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="mode 'white-box': the canary's scores assume plain SGD"):
+        momentum(X, y, [0], {}, canaries=g)
+
+
+def test_audit_args_give_the_claim_spec_and_flags():
+    train = _trainer(_mlp, noise_multiplier=2.0)
+    args = train.audit_args(1e-5)
+    assert args["spec"] == {"clip": C, "q": 0.25, "steps": 8, "accountant": "pld",
+                            "arch": "fnn", "n_classes": 2, "hidden": 3}
+    assert args["n_train"] == N
+    flags = train.cli_args(1e-5).split()  # as $(...) splits it
+    assert flags[:6] == ["--eps", repr(args["eps"]), "--delta", "1e-05", "--n-train", "20"]
+    assert json.loads(flags[flags.index("--spec") + 1]) == args["spec"]
+    # PLD's eps at the training's noise is below Opacus' (prv) eps: the profile test holds
+    # the training to no more than it claims
+    assert accounting.epsilon(2.0, 0.25, 8, 1e-5, "pld") < args["eps"]
+
+
+@pytest.fixture(scope="module")
+def cases():
+    """examples/opacus/cases.py, the trainings of `examples/opacus/audit.py`."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "opacus"))
+    try:
+        yield importlib.import_module("cases")
+    finally:
+        sys.path.pop(0)
+
+
+def test_example_bug_adds_the_noise_of_the_batch_mean(cases):
+    """NoiseOnTheMean: noise std sigma C / B on the clipped sum; Opacus' own: sigma C."""
+    std = {}
+    for cls in (opacus.optimizers.DPOptimizer, cases.NoiseOnTheMean):
+        p = nn.Parameter(torch.zeros(20_000))
+        dp = cls(torch.optim.SGD([p], lr=1.0), noise_multiplier=7.7, max_grad_norm=2.0,
+                 expected_batch_size=100, generator=torch.Generator().manual_seed(0))
+        p.summed_grad = torch.ones(20_000)
+        dp.add_noise()
+        std[cls] = float((p.grad - 1).std())
+    # 20,000 draws: the sample std within 5 / sqrt(2 * 20,000) = 2.5%
+    assert std[opacus.optimizers.DPOptimizer] == pytest.approx(15.4, rel=0.025)
+    assert std[cases.NoiseOnTheMean] == pytest.approx(0.154, rel=0.025)
+
+
+def test_example_trainings_claim_opacus_eps_1_at_q_02_over_100_steps(cases):
+    args = cases.correct.audit_args(cases.DELTA)
+    assert 0.98 < args["eps"] <= 1.0 and args["n_train"] == 500
+    assert args["spec"] == {"clip": 1.0, "q": 0.2, "steps": 100, "accountant": "pld",
+                            "arch": "lr", "n_classes": 2}
+    for t in (cases.shuffled, cases.noise_on_mean):  # the claim the user would publish
+        assert (t.noise_multiplier, t.q, t.steps) == (cases.correct.noise_multiplier, 0.2, 100)
+    assert not cases.shuffled.poisson_sampling
+
+
+@pytest.mark.parametrize("mode", ["black-box", "worst-case-init", "white-box"])
+def test_the_audit_accepts_the_adapter_in_every_mode(mode):
+    """audit-impl's own checks (contract, seed check, insertions) pass on the adapter's
+    runs: an audit with its spec, 10 + 5 runs per side."""
+    from dpaudit import canaries, subjects
+    from dpaudit.experiments import tramer
+
+    X, y = _data()
+    train = _trainer(noise_multiplier=2.0, epochs=1)
+    spec = {"clip": C, "arch": "lr", "n_classes": 2}  # as audit_args gives it
+    init = (dpsgd.init_params(subjects.model_spec(spec, D, 2), 1, 0, device="cpu")
+            if mode == "worst-case-init" else None)
+    row, table = tramer.audit_implementation(
+        train, X, y, canaries.make_canary("checkerboard", X, y, 1), 5.0, 1e-5, 10, 5, spec,
+        0, 0.05, mode=mode, init=init)
+    assert len(table) == 30 and row["seed_check"] == 3 and row["usable_runs"] == 30
+    assert row["verdict"] == tramer.NO_VIOLATION  # 10 runs certify at most eps 0.8 < 5
+
+
+def test_example_script_prints_one_verdict_line_per_audit(cases, tmp_path, monkeypatch):
+    """examples/opacus/audit.py's audit line, and a failed audit's, on the tiny task in
+    place of Fashion-MNIST (its --quick run takes minutes: docs/audit_your_implementation.md)."""
+    import audit as example
+
+    X, y = _data()
+    monkeypatch.setattr("dpaudit.data.load_fmnist", lambda root, classes, **kw:
+                        (X.numpy(), y.numpy()))
+    # a small eps by Opacus' accountant: the audit's floor is 37 runs per side
+    monkeypatch.setattr(cases, "correct", _trainer(noise_multiplier=20.0, epochs=1))
+    line = example.audit("correct", "white-box", 40, 5, tmp_path, None, 0)
+    assert line.startswith("correct (white-box, 40 + 5 runs per side, "), line
+    assert line.endswith(": no violation detected") and "eps_LB 0.00 against" in line, line
+    momentum = OpacusTrainer(_linear, lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9),
+                             max_grad_norm=C, batch_size=B, epochs=1, n=N, noise_multiplier=20.0)
+    monkeypatch.setattr(cases, "correct", momentum)
+    line = example.audit("correct", "white-box", 40, 5, tmp_path, None, 0)
+    assert line.startswith("correct (white-box): audit failed (exit 2): dpaudit audit-impl: "
+                           "config error: --train cases:correct raised ValueError: mode "
+                           "'white-box': the canary's scores assume plain SGD"), line
