@@ -13,7 +13,12 @@ Workloads (FMNIST classes 0/1, or random data of that shape where FMNIST is not 
   table2    Jagielski et al.'s Table 2 group: 72 cells of the 784-32-2 net as columns, n =
             6000, batch 250, one epoch (model-steps/s);
   whitebox  the tight white box: the 784-32-2 net with a Dirac gradient canary, n = 6000,
-            Poisson batches of 250, one epoch (runs/s).
+            Poisson batches of 250, one epoch (runs/s);
+  shuffle   the shuffle audit's white box (docs/shuffle.md): logistic regression, n = 500,
+            shuffled batches of 5, one epoch (100 steps), a Dirac gradient canary with
+            crafted batch mates (runs/s);
+  poisson   the same with Poisson batches: its control, which the shuffled subjects should
+            match in speed.
 
 Each workload runs in a fresh process per checkout (``--baseline SRC`` names the other
 checkout's ``src`` folder, e.g. ``git worktree add /tmp/base 508af69`` then ``--baseline
@@ -42,9 +47,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOADS = ("tramer", "blackbox", "table2", "whitebox")
+WORKLOADS = ("tramer", "blackbox", "table2", "whitebox", "shuffle", "poisson")
 #: Runs per call on the CPU, and the sizes of --tiny.
-CPU_K = {"tramer": 512, "blackbox": 64, "table2": 2, "whitebox": 128}
+CPU_K = {"tramer": 512, "blackbox": 64, "table2": 2, "whitebox": 128, "shuffle": 128,
+         "poisson": 128}
 TINY = {"n_scale": 0.05, "K": 4, "epochs": 1}
 
 
@@ -153,6 +159,27 @@ def _whitebox(spec: dict):
     return call, source
 
 
+def _mates(sampling: str):
+    """The shuffle audit's white box (module docstring), with ``sampling``'s batches."""
+    def make(spec: dict):
+        from dpaudit import dpsgd
+
+        n = 50 if spec["tiny"] else 500
+        X, y, source, torch = _data(n, spec["tiny"])
+        model = dpsgd.ModelSpec("lr", X.shape[1], 2)
+        cfg = dpsgd.DPSGDConfig(1, 5, 0.1, 1.0, 0.74, sampling)
+        dirs = dpsgd.dirac_canaries(model, 1, 1.0, 0, device=spec["device"])
+
+        def call(K):
+            inc = torch.arange(K).remainder(2).eq(0).view(-1, 1)
+            dpsgd.train(X, y, model, cfg, list(range(K)), device=spec["device"],
+                        canaries=dpsgd.GradientCanaries(dirs, inc, mates=-1.0))
+            _sync(spec["device"])
+            return K
+        return call, source
+    return make
+
+
 def _k(name: str, spec: dict) -> int:
     """Runs (seeds) per call: --tiny's, the CPU's, or the workflow's on CUDA."""
     if spec["tiny"]:
@@ -166,6 +193,9 @@ def _k(name: str, spec: dict) -> int:
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     if name == "tramer":
         return int(cfg["tramer"]["batch_runs"])
+    if name in ("shuffle", "poisson"):
+        return dpsgd.seeds_per_call(dpsgd.ModelSpec("lr", 784, 2), 500, dpsgd.DPSGDConfig(
+            1, 5, 0.1, 1.0, 0.74, name), 1, spec["device"], limit=20000)
     model = dpsgd.ModelSpec("lr" if name == "blackbox" else "fnn", 784, hidden=32)
     if name == "blackbox":
         return dpsgd.seeds_per_call(model, 1000, dpsgd.DPSGDConfig(100, 1000, 0.1, 1.0, 5.0),
@@ -187,7 +217,8 @@ def worker(spec: dict) -> None:
     out = {"rate": {}, "K": {}}
     for name in spec["workloads"]:
         call, out["source"] = {"tramer": _tramer, "blackbox": _blackbox, "table2": _table2,
-                               "whitebox": _whitebox}[name](spec)
+                               "whitebox": _whitebox, "shuffle": _mates("shuffle"),
+                               "poisson": _mates("poisson")}[name](spec)
         K = _k(name, spec)
         call(min(K, 4))
         best, spent = 0.0, 0.0

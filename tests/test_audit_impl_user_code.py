@@ -72,6 +72,14 @@ MODULE = textwrap.dedent('''
         return subjects.dpsgd_fixed(X, y, seeds, spec, canaries=canaries)
 
 
+    def records_mates(X, y, seeds, spec, canaries=None):  # what the audit passed, kept
+        MATES.append(canaries.mates)
+        return subjects.dpsgd_fixed(X, y, seeds, spec, canaries=canaries)
+
+
+    MATES = []
+
+
     def never_inserts(X, y, seeds, spec, canaries=None):  # runs without it on both sides
         mine = dpsgd.GradientCanaries(canaries.directions,
                                       torch.zeros_like(canaries.included))
@@ -212,3 +220,31 @@ def test_the_trainer_records_each_runs_insertions():
     (ins,) = given.insertions
     T = cfg.steps(N)
     assert (ins.steps, ins.rate) == (T, 1.0) and torch.equal(ins.counts, inc.long() * T)
+
+
+def test_white_box_passes_the_batch_mates_and_the_row_records_them(audit):
+    """``--mates`` reaches the function as ``canaries.mates`` on every call and the row and
+    provenance record it; without it neither has the key (earlier tables unchanged)."""
+    import user_code  # noqa: E402  (written by the fixture)
+    from dpaudit.io import read_table
+
+    code, err, out = audit("records_mates", "--mode", "white-box", "--mates", "-1")
+    assert code == 0, err
+    assert user_code.MATES and set(user_code.MATES) == {-1.0}
+    df, prov = read_table(out)
+    assert df.mates.tolist() == [-1.0] and prov["args"]["mates"] == -1.0
+    code, err, out = audit("passes_canary", "--mode", "white-box")
+    df, prov = read_table(out)
+    assert code == 0 and "mates" not in df and "mates" not in prov["args"], err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--mates", "-1"], "--mates=-1: only with --mode white-box (the gradient canary's "
+                        "batch mates), not --mode black-box"),
+    (["--mode", "white-box", "--mates", "1.5"], "--mates=1.5: must be a number in [-1, 1]"),
+    (["--mode", "white-box", "--mates", "nan"], "--mates=nan: must be a number in [-1, 1]"),
+])
+def test_bad_batch_mates_are_refused_before_training(audit, flags, message):
+    code, err, out = audit("passes_canary", *flags)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()

@@ -155,7 +155,9 @@ def _task(path):
 
 
 SPEC = {"settings": [{"arch": "lr", "batch_size": 5, "steps_per_epoch": 4, "epochs": 2,
-                      "eps": 4}],
+                      "eps": 4},
+                     {"arch": "fnn", "batch_size": 4, "steps_per_epoch": 5, "epochs": 1,
+                      "eps": 4, "runs": 6}],
         "subjects": ["fixed", "shuffle", "shuffle-once"], "mates": [-1, 0], "runs": 8,
         "hidden": 4, "lr": 0.1, "clip": 1.0, "alpha": 0.05, "delta": 1e-5,
         "select_frac": 0.5}
@@ -170,10 +172,13 @@ def test_shuffle_audit_writes_its_table_and_figure(tmp_path):
     df, prov = read_table(out)
     assert tuple(df.columns) == TABLE_COLUMNS
     assert prov["command"] == "shuffle-audit" and prov["seed"] == 3
-    assert len(df) == 3 * 2 * 2  # subjects x mates x methods
-    assert set(df.subject) == {"fixed", "shuffle", "shuffle-once"}
-    noise = df.noise.unique()
-    assert len(noise) == 1  # every subject at the claim's noise
+    # subjects x mates x methods; at one epoch shuffle-once is shuffle, not trained again
+    lr, fnn = df[df.arch == "lr"], df[df.arch == "fnn"]
+    assert len(lr) == 3 * 2 * 2 and len(fnn) == 2 * 2 * 2
+    assert set(lr.subject) == {"fixed", "shuffle", "shuffle-once"}
+    assert (lr.runs == 8).all() and (fnn.runs == 6).all() and (fnn.hidden == 4).all()
+    assert lr.noise.nunique() == 1  # every subject at the claim's noise
+    df = lr
     fixed = df[df.subject == "fixed"]
     assert fixed.shuffle_lb.isna().all() and (fixed.eps_upper == fixed.claimed_eps).all()
     dyn = df[df.subject == "shuffle"].shuffle_lb.iloc[0]
@@ -203,3 +208,60 @@ def test_shuffle_audit_names_a_bad_spec(tmp_path, capsys, change, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and re.search(message, err[0]), err
     assert not out.exists()
+
+
+def test_the_reference_table_is_the_full_config_and_draws_without_training(tmp_path):
+    """reference/shuffle_audit.csv: the full config's `shuffle` section (every setting,
+    subject, batch mates and method, the spec rule shuffle_audit passes) measured on 2 CPU
+    cores; `shuffle_reference` draws it, training nothing. The Poisson control is never
+    certified above its claim nor any subject above what is known of its epsilon, the
+    shuffled subject with crafted batch mates is certified above its claim, and every
+    number of docs/shuffle.md's table of it is the kept table's."""
+    from pathlib import Path
+
+    import yaml
+    from test_workflow import snakemake
+
+    from dpaudit.cli.shuffle import SPEC_KEYS
+
+    root = Path(__file__).parents[1]
+    config = yaml.safe_load((root / "config/config.yaml").read_text())["shuffle"]
+    df, meta = read_table(root / "reference/shuffle_audit.csv", require_hash=True)
+    assert meta["spec"] == {k: config[k] for k in SPEC_KEYS} and meta["seed"] == 0
+    assert tuple(df.columns) == TABLE_COLUMNS
+    expect = 0
+    for s in config["settings"]:
+        at = df[(df.batch_size == s["batch_size"]) & (df.epochs == s["epochs"])
+                & (df.steps_per_epoch == s["steps_per_epoch"])]
+        subjects = [x for x in config["subjects"] if x != "shuffle-once" or s["epochs"] > 1]
+        assert set(at.subject) == set(subjects) and set(at.mates) == set(config["mates"])
+        assert (at.runs == s.get("runs", config["runs"])).all()
+        expect += len(subjects) * len(config["mates"]) * 2
+    assert len(df) == expect
+    assert df.certified.all() and (df.eps_lb <= df.eps_upper).all()
+    fixed = df[df.subject == "fixed"]
+    assert (fixed.eps_lb <= fixed.claimed_eps).all() and not fixed.violation.any()
+    caught = df[df.violation]
+    assert len(caught) and set(caught.subject) <= {"shuffle", "shuffle-once"}
+    assert set(caught.mates) == {-1.0} and (caught.eps_lb > caught.claimed_eps).all()
+    out = snakemake("-n", "--directory", str(tmp_path), "shuffle_reference")
+    assert out.returncode == 0, out.stderr
+    assert set(re.findall(r"^(?:local)?rule (\w+):", out.stdout, re.M)) == {
+        "shuffle_reference_plot", "shuffle_reference"}
+    assert main(["shuffle-plot", "--table", str(root / "reference/shuffle_audit.csv"),
+                 "--out", str(tmp_path / "shuffle_audit.pdf")]) == 0
+    text = (root / "docs/shuffle.md").read_text().split("### The full config's table")[1]
+    rows = [line for line in text.split("\n## ")[0].splitlines() if line.startswith("| B ")]
+    assert rows == docs_rows(df)
+
+
+def docs_rows(df) -> list[str]:
+    """docs/shuffle.md's table of a shuffle-audit table: one line per all-iterates row."""
+    lines = []
+    for r in df[df.method == "whitebox-llr"].itertuples():
+        lb = "-" if r.subject == "fixed" else f"{r.shuffle_lb:.2f}"
+        lines.append(f"| B {r.batch_size}, S {r.steps_per_epoch}, E {r.epochs} | `{r.subject}` "
+                     f"| {r.mates:g} | {r.runs} | {r.claimed_eps:.2f} | {lb} | "
+                     f"{r.eps_upper:.2f} | {'**' if r.violation else ''}{r.eps_lb:.2f}"
+                     f"{'**' if r.violation else ''} | {r.eps_lb_gdp:.2f} |")
+    return lines

@@ -55,12 +55,12 @@ def _positive_int(value: int, name: str, low: int = 1) -> int:
 def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, batch_runs: int,
            classes, label, spec: dict, device: str | None = None, seed_check: int | None = None,
            max_diverged: float = 0.0, mode: str = "black-box", n_aux: int = 500,
-           call_limit: float = CALL_LIMIT) -> dict:
+           call_limit: float = CALL_LIMIT, mates: float = 0.0) -> dict:
     """Every check that can fail before training: claim, run counts, functions, specs,
     the integrity checks' options, the mode and whether each function allows it;
     ``device``: where the registry subjects train unless ``spec`` names a device;
     ``seed_check`` None: the default number of seeds; ``call_limit``: seconds per call of
-    a training function (0: none)."""
+    a training function (0: none); ``mates``: the white-box canary's crafted batch mates."""
     from .. import subjects
     from ..experiments import tramer
 
@@ -82,6 +82,12 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
                         "(0: no limit)")
     if mode == "worst-case-init":
         _positive_int(n_aux, "--n-aux")
+    if not -1 <= mates <= 1:  # nan fails too
+        raise SpecError(f"--mates={mates!r}: must be a number in [-1, 1] (each batch mate's "
+                        f"gradient along the canary, in units of it)")
+    if mates and mode != "white-box":
+        raise SpecError(f"--mates={mates:g}: only with --mode white-box (the gradient canary's "
+                        f"batch mates), not --mode {mode}")
     seed_check = tramer.SEED_CHECK if seed_check is None else seed_check
     try:
         tramer.check_options(seed_check, max_diverged)
@@ -137,7 +143,7 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
             "plans": plans, "claims": claims, "runs": runs, "val_runs": val_runs,
             "n_train": n_train, "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
             "max_diverged": max_diverged, "mode": mode, "n_aux": n_aux,
-            "call_limit": call_limit}
+            "call_limit": call_limit, "mates": mates}
 
 
 def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Path,
@@ -186,6 +192,7 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
                          {"implementation": target, "spec": spec, **common,
                           **({} if mode == "black-box" else {"mode": mode,
                                                              "n_aux": plan["n_aux"]}),
+                          **({"mates": plan["mates"]} if plan["mates"] else {}),
                           "device": reproduce_key(spec.get("device", "auto")),
                           "columns": sorted(t for t, s in registry if s == spec)})
                 for target, fn, spec in plan["plans"] if (target, spec) in registry}
@@ -210,7 +217,7 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
                 test=test, store=where, key=key, together=together,
                 seed_check=plan["seed_check"], max_diverged=plan["max_diverged"], mode=mode,
                 init=init, refuse_at_chance=fn not in subjects.SUBJECTS.values(),
-                profile=profile, call_limit=plan["call_limit"] or None)
+                profile=profile, call_limit=plan["call_limit"] or None, mates=plan["mates"])
         except tramer.Unauditable as exc:
             raise SpecError(f"--train {target}: cannot be audited, no result written: "
                             f"{exc}") from exc
@@ -276,14 +283,15 @@ def _audit_impl(args) -> None:
     plan = _check(args.train, args.eps, args.delta, args.alpha, args.runs, args.val_runs,
                   args.n_train, args.batch_runs, classes, args.label, args.spec,
                   seed_check=args.seed_check, max_diverged=args.max_diverged, mode=args.mode,
-                  n_aux=args.n_aux, call_limit=args.call_timeout)
-    # The default mode's provenance is as before the tight modes: byte-identical files; a
-    # time limit changes no number.
+                  n_aux=args.n_aux, call_limit=args.call_timeout, mates=args.mates)
+    # The default mode's provenance is as before the tight modes (and batch mates): byte-
+    # identical files; a time limit changes no number.
     tight = () if args.mode == "black-box" else ("mode", "n_aux")
     provenance = {"command": "audit-impl", "spec": args.spec, "seed": args.seed,
                   "args": {k: v for k, v in vars(args).items()
                            if k not in ("func", "call_timeout")
-                           and (k not in ("mode", "n_aux") or k in tight)}}
+                           and (k not in ("mode", "n_aux") or k in tight)
+                           and (k != "mates" or args.mates)}}
     _run(plan, args.canary, args.data_root, args.download, args.seed, args.out, args.losses,
          provenance, args.store)
 
@@ -418,6 +426,11 @@ def register(subparsers) -> None:
                         "parameters, passed as init= (Annamalai and De Cristofaro 2024); "
                         "white-box: a gradient canary inserted at every sampled step, "
                         "passed as canaries=, every iterate scored (Nasr et al. 2023)")
+    p.add_argument("--mates", type=float, default=0.0, metavar="M",
+                   help="white-box: every example sampled with the canary adds M times its "
+                        "direction (Chua et al.'s crafted batch mates, -1; docs/shuffle.md), "
+                        "so that shuffled batches under Poisson accounting are caught "
+                        "(default 0: none)")
     p.add_argument("--n-aux", type=int, default=500, metavar="N",
                    help="worst-case-init: pre-train the init on the N examples after the "
                         "first --n-train of the reference subset (default 500)")

@@ -36,7 +36,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                          seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
                          mode: str = "black-box", init: dpsgd.Params | None = None,
                          refuse_at_chance: bool = True, profile: ClaimedProfile | None = None,
-                         call_limit: float | None = CALL_LIMIT) -> tuple[dict, pd.DataFrame]:
+                         call_limit: float | None = CALL_LIMIT,
+                         mates: float = 0.0) -> tuple[dict, pd.DataFrame]:
     """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
 
     ``val_runs`` runs per side choose the canary label (if not given: least likely under
@@ -90,12 +91,14 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     if (mode == "worst-case-init") != (init is not None):
         raise ValueError(f"init: given in mode {mode!r}; mode 'worst-case-init' needs it "
                          "(the auditor's initial parameters) and the others take none")
+    if mates and mode != "white-box":
+        raise ValueError(f"mates: only in mode 'white-box', not {mode!r}")
     if together and mode != "black-box":
         raise ValueError(f"together: only in mode 'black-box', not {mode!r}")
     if mode == "white-box":
         return audit_whitebox(train_fn, X, y, claimed_eps, delta, runs, val_runs, spec, seed,
                               alpha, batch_runs, progress, store, key, seed_check,
-                              max_diverged, profile, call_limit)
+                              max_diverged, profile, call_limit, mates)
     extra = None if init is None else {"init": init}
     label = canary.label
     if seed_check:  # before any run: a function that ignores its seeds fails in seconds

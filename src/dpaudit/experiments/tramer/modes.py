@@ -159,12 +159,13 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
                    progress: Progress | None = None, store=None, key: dict | None = None,
                    seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
                    profile: ClaimedProfile | None = None,
-                   call_limit: float | None = CALL_LIMIT) -> tuple[dict, pd.DataFrame]:
+                   call_limit: float | None = CALL_LIMIT,
+                   mates: float = 0.0) -> tuple[dict, pd.DataFrame]:
     """The white-box mode (module docstring): ``train_fn(X, y, seeds, spec,
-    canaries=GradientCanaries(g, included))`` with one Dirac canary g of norm ``spec["clip"]``
-    (:func:`dpaudit.experiments.tight.whitebox.canary`, in the layout of the model of
-    ``spec``, :func:`dpaudit.subjects.model_spec`), ``included`` True on the runs with the
-    canary; each run's score is its ``llr`` (``scores`` without noise), and the runs,
+    canaries=GradientCanaries(g, included, mates=mates))`` with one Dirac canary g of norm
+    ``spec["clip"]`` (:func:`dpaudit.experiments.tight.whitebox.canary`, in the layout of the
+    model of ``spec``, :func:`dpaudit.subjects.model_spec`), ``included`` True on the runs
+    with the canary, and crafted batch ``mates`` (docs/shuffle.md; the row records them); each run's score is its ``llr`` (``scores`` without noise), and the runs,
     threshold and bounds are those of :func:`audit_implementation` on it. Returns the row
     and the per-run scores (split, canary_in, run, seed, score). Refuses
     (:class:`Unauditable`) what breaks the contract, runs that do not follow their seeds
@@ -185,7 +186,8 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
     direction = dirac_canary(X.numpy(), model, float(clip), seed, device="cpu")
 
     def scores_of(chunk: list[int], inside: bool, runs: str) -> dict:
-        given = dpsgd.GradientCanaries(direction, torch.full((len(chunk), 1), bool(inside)))
+        given = dpsgd.GradientCanaries(direction, torch.full((len(chunk), 1), bool(inside)),
+                                       mates=mates)
         call = f"train(X, y, seeds, spec, canaries=...) of the {runs}"
         run = user_call(call, call_limit, train_fn, X, y, list(chunk), spec, canaries=given)
         scores = _canary_scores(run, len(chunk))
@@ -237,5 +239,6 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
                           groups[("evaluation", True)], groups[("evaluation", False)],
                           claimed_eps, delta, alpha, profile),
            **_tight_columns("white-box", method, METHODS[method], claimed_eps,
-                            subjects.canary_relation(train_fn))}
+                            subjects.canary_relation(train_fn)),
+           **({"mates": float(mates)} if mates else {})}
     return row, table
