@@ -157,11 +157,95 @@ def test_llr_is_dpaudit_trainer_llr_on_the_same_iterates():
                       on_epoch=lambda e, ps: iterates.append(dpsgd.flatten(ps[0]).clone()))
     assert len(iterates) == 6 and ref.llr is not None
     for k in range(2):
-        s = _Scores(directions, 0.3, LR / N, SIGMA * C, C, dpsgd.flatten(init)[0])
+        s = _Scores(directions, dpsgd.flatten(init)[0], rate=0.3, step_size=LR / N,
+                    noise_std=SIGMA * C, clip=C)
         for theta in iterates:
             s.observe(theta[k])
         torch.testing.assert_close(s.scores, ref.scores[k], rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(s.llr, ref.llr[k], rtol=1e-9, atol=1e-12)
+
+
+def _step_iterates(monkeypatch):
+    """Every step's iterates (K, P) of dpaudit's trainer, as its canary hook sees them."""
+    from dpaudit.dpsgd.gradient_canaries import _CanaryHook
+
+    seen, observe = [], _CanaryHook.observe
+
+    def spy(hook, params):
+        seen.append(dpsgd.flatten(params).clone())
+        observe(hook, params)
+
+    monkeypatch.setattr(_CanaryHook, "observe", spy)
+    return seen
+
+
+@pytest.mark.parametrize("poisson, batch", [(True, 5), (False, 5), (False, 6)])
+@pytest.mark.parametrize("mates", [-1.0, 0.5, 0.0])
+def test_llr_with_the_loaders_insertion_and_mates_is_dpaudit_trainers(monkeypatch, poisson,
+                                                                       batch, mates):
+    """canaries.rate None: the adapter scores as dpaudit's trainer of the same sampling
+    (Poisson at B / n, or shuffled: once per epoch, Chua et al.'s pair with mates), on
+    dpaudit's iterates of every step, to 1e-9; at B = 6 the last batch holds 2 of 20 rows."""
+    X, y = _data()
+    model = dpsgd.ModelSpec("lr", D, n_classes=2)
+    init = dpsgd.init_params(model, 1, 1, device="cpu")
+    directions = torch.zeros(1, model.n_params)
+    directions[0, (D - 1) * 2] = C
+    canaries = dpsgd.GradientCanaries(directions, torch.tensor([[True], [False], [True]]),
+                                      mates=mates)
+    seen = _step_iterates(monkeypatch)
+    cfg = dpsgd.DPSGDConfig(2, batch, LR, C, SIGMA, "poisson" if poisson else "shuffle",
+                            init="fixed")
+    ref = dpsgd.train(X, y, model, cfg, [1, 2, 3], init=init, device="cpu",
+                      canaries=canaries)
+    assert len(seen) == cfg.steps(N) and ref.llr is not None
+    how = _trainer(poisson_sampling=poisson, batch_size=batch)._scoring(canaries, N)
+    for k in range(3):
+        s = _Scores(directions, dpsgd.flatten(init)[0], **how, step_size=LR / batch)
+        for theta in seen:
+            s.observe(theta[k])
+        torch.testing.assert_close(s.scores, ref.scores[k], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(s.llr, ref.llr[k], rtol=1e-9, atol=1e-12)
+    # q = 5 / 20; shuffled, once in 4 steps
+    assert s.of.rate == canaries.insertions[0].rate == 0.25
+
+
+@pytest.mark.parametrize("poisson", [True, False])
+@pytest.mark.parametrize("mates", [-1.0, 0.5])
+def test_mates_add_what_the_opacus_batches_hold(poisson, mates):
+    """Without noise, on a coordinate no data gradient moves, each run's summed score is
+    exactly lr / B * C^2 * (insertions + mates x the mates its batches held): shuffled,
+    every row of an epoch but the canary's slot (n - 1), on both sides, and the canary once
+    an epoch; with Poisson sampling the rows of the run's Opacus batches (those of a plain
+    DPDataLoader drawn after the module, as make_private's)."""
+    X, y = _data()
+    directions = torch.zeros(1, 2 * D + 2)
+    directions[0, (D - 1) * 2] = C
+    seeds, E = list(range(6)), 2
+    included = torch.tensor([[k % 2 == 0] for k in seeds])
+    canaries = dpsgd.GradientCanaries(directions, included, mates=mates)
+    train = _trainer(poisson_sampling=poisson, noise_multiplier=0.0, epochs=E)
+    run = train(X, y, seeds, {}, canaries=canaries)
+    assert run.llr is None
+    (ins,) = canaries.insertions
+    assert (ins.steps, ins.rate) == (E * N // B, B / N)
+    counts = ins.counts[:, 0]
+    assert counts[1::2].sum() == 0
+    if poisson:
+        held = []
+        for seed in seeds:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(run_seeds(seed)[0])
+                _linear()
+                loader = opacus.data_loader.DPDataLoader(
+                    torch.utils.data.TensorDataset(X, y), sample_rate=B / N)
+                held.append(sum(len(xb) for _ in range(E) for xb, _ in loader))
+        held = torch.tensor(held, dtype=torch.float64)
+    else:
+        assert counts[0::2].tolist() == [E] * 3  # once an epoch
+        held = torch.full((len(seeds),), float(E * (N - 1)), dtype=torch.float64)
+    torch.testing.assert_close(run.scores[:, 0], LR / B * C * C * (counts + mates * held),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_whitebox_inserts_at_the_rate_with_noise_and_pairs_the_draws():
@@ -276,15 +360,17 @@ def test_example_trainings_claim_opacus_eps_1_at_q_02_over_100_steps(cases):
     assert not cases.shuffled.poisson_sampling
 
 
-@pytest.mark.parametrize("mode", ["black-box", "worst-case-init", "white-box"])
-def test_the_audit_accepts_the_adapter_in_every_mode(mode):
-    """audit-impl's own checks (contract, seed check, insertions) pass on the adapter's
-    runs: an audit with its spec, 10 + 5 runs per side."""
+@pytest.mark.parametrize("mode, poisson", [("black-box", True), ("worst-case-init", True),
+                                           ("white-box", True), ("white-box", False)])
+def test_the_audit_accepts_the_adapter_in_every_mode(mode, poisson):
+    """audit-impl's own checks (contract, seed check, insertions: with the shuffled loader
+    once an epoch, the mean rate 1 / 4 per step) pass on the adapter's runs: an audit with
+    its spec, 10 + 5 runs per side."""
     from dpaudit import canaries, subjects
     from dpaudit.experiments import tramer
 
     X, y = _data()
-    train = _trainer(noise_multiplier=2.0, epochs=1)
+    train = _trainer(noise_multiplier=2.0, epochs=1, poisson_sampling=poisson)
     spec = {"clip": C, "arch": "lr", "n_classes": 2}  # as audit_args gives it
     init = (dpsgd.init_params(subjects.model_spec(spec, D, 2), 1, 0, device="cpu")
             if mode == "worst-case-init" else None)

@@ -114,44 +114,42 @@ def _load(linears: Sequence[nn.Linear], init: dpsgd.Params, spec: dpsgd.ModelSpe
 
 
 class _Scores:
-    """The scores of :class:`dpaudit.dpsgd.CanaryRun` of one run, defined as dpaudit's
-    trainer defines them, from its iterates in the flat layout (:func:`dpaudit.dpsgd.
-    flatten`): per step, <theta_t - theta_{t+1}, g_j> summed, and, with noise, log(1 - q +
-    q exp(mu z_t - mu^2 / 2)) with z_t = <theta_t - theta_{t+1}, g_j> / (step_size *
-    noise_std * C) and mu = C / noise_std, summed (``llr``)."""
+    """One run's :class:`dpaudit.dpsgd.CanaryScores` (the scores of dpaudit's trainer) from
+    its iterates in the flat layout (:func:`dpaudit.dpsgd.flatten`): each step's
+    <theta_t - theta_{t+1}, g_j>. ``how``: CanaryScores' keywords."""
 
-    def __init__(self, directions: torch.Tensor, rate: float, step_size: float,
-                 noise_std: float, clip: float, theta0: torch.Tensor):
-        self.dirs, self.rate, self.prev = directions.double(), float(rate), theta0.double()
-        m = len(directions)
-        self.scores = torch.zeros(m, dtype=torch.float64)
-        self.noisy = noise_std > 0
-        self.llr = torch.zeros(m, dtype=torch.float64) if self.noisy else None
-        if self.noisy:
-            self.z_scale, self.mu = 1.0 / (step_size * noise_std * clip), clip / noise_std
-            self.log_out = math.log1p(-self.rate) if self.rate < 1 else -math.inf
-            self.log_in = math.log(self.rate) - self.mu ** 2 / 2
+    def __init__(self, directions: torch.Tensor, theta0: torch.Tensor, **how):
+        self.dirs, self.prev, self.t = directions.double(), theta0.double(), 0
+        self.of = dpsgd.CanaryScores(1, len(directions), **how)
 
     def observe(self, theta: torch.Tensor) -> None:
         """The step to ``theta`` (P,), the parameters after it."""
         new = theta.double()
-        step = self.dirs @ (self.prev - new)
-        self.prev = new
-        self.scores += step
-        if self.noisy:
-            self.llr += torch.logaddexp(torch.full_like(step, self.log_out),
-                                        step * (self.z_scale * self.mu) + self.log_in)
+        self.of.add((self.dirs @ (self.prev - new)).unsqueeze(0), self.t)
+        self.prev, self.t = new, self.t + 1
+
+    @property
+    def scores(self) -> torch.Tensor:
+        return self.of.scores[0]
+
+    @property
+    def llr(self) -> torch.Tensor | None:
+        llr = self.of.llr
+        return None if llr is None else llr[0]
 
 
 class _Canary:
     """One run's gradient canaries (:class:`dpaudit.dpsgd.GradientCanaries`) in an Opacus
     DPOptimizer: each included canary added to the clipped, summed gradient before the
-    noise (by wrapping ``add_noise``, Opacus has no hook there) with probability ``rate``
-    at each step, and the run's :class:`_Scores` after every step."""
+    noise (by wrapping ``add_noise``, Opacus has no hook there) as ``how`` says
+    (:meth:`OpacusTrainer._scoring`): at each step with probability ``rate``, or, with
+    ``shuffle`` = (sampling, n, batch_size), once per epoch in the step of a uniformly
+    random position of [0, n), a fresh one each epoch; with ``mates``, mates * g_j for each
+    of the step's :attr:`rows` (set before each step), the canary's slot taking one's place
+    when shuffled; and the run's :class:`_Scores` after every step."""
 
-    def __init__(self, directions: torch.Tensor, included: torch.Tensor, rate: float,
-                 linears: Sequence[nn.Linear], optimizer, noise_std: float, clip: float,
-                 seed: int):
+    def __init__(self, directions: torch.Tensor, included: torch.Tensor, how: dict,
+                 linears: Sequence[nn.Linear], optimizer, seed: int):
         opt = optimizer.original_optimizer
         group = opt.param_groups
         if (type(opt) is not torch.optim.SGD or len(group) != 1 or group[0]["momentum"]
@@ -159,11 +157,12 @@ class _Canary:
             raise ValueError(f"mode 'white-box': the canary's scores assume plain SGD "
                              f"(theta -= lr * grad: torch.optim.SGD, one parameter group, no "
                              f"momentum, no weight decay); optimizer_fn gave {opt!r}")
-        self.linears, self.rate = list(linears), float(rate)
-        m = len(directions)
+        self.linears, self.rows, self.t = list(linears), 0, 0
+        m, shuffle, mates = len(directions), how["shuffle"], how["mates"]
         self.counts = torch.zeros(m, dtype=torch.int64)
-        self.scores = _Scores(directions, rate, group[0]["lr"] / optimizer.expected_batch_size,
-                              noise_std, clip, self.flat())
+        self.scores = _Scores(directions, self.flat(), **how,
+                              step_size=group[0]["lr"] / optimizer.expected_batch_size)
+        self.rate = self.scores.of.rate
         # The canary's part of each nn.Linear tensor, (m, *shape), weights transposed.
         parts, off = {}, 0
         for lin in self.linears:
@@ -177,11 +176,23 @@ class _Canary:
 
         def add_canary_then_noise():
             # Drawn whether or not the canary is included: runs in and out are paired.
-            hit = (torch.rand(m, generator=gen) < self.rate) & included
+            if shuffle is None:
+                hit, slot = torch.rand(m, generator=gen) < self.rate, None
+            else:
+                _, n, B = shuffle
+                s = self.t % self.scores.of.spe
+                if s == 0:  # this epoch's position, its batch the canary's step
+                    self.slot = torch.randint(n, (m,), generator=gen) // B
+                hit = slot = self.slot == s
+            hit = hit & included
             self.counts += hit
-            if hit.any():
+            add = hit.double()
+            if mates:  # every row of the batch a mate, but the one the slot takes
+                add += mates * (self.rows - (0 if slot is None else slot.double()))
+            if add.any():
                 for p in optimizer.params:
-                    p.summed_grad.add_(torch.tensordot(hit.to(p.dtype), parts[id(p)], 1))
+                    p.summed_grad.add_(torch.tensordot(add.to(p.dtype), parts[id(p)], 1))
+            self.t += 1
             add_noise()
 
         optimizer.add_noise = add_canary_then_noise
@@ -210,9 +221,13 @@ class OpacusTrainer:
 
     Worst-case init and white box need a module of dpaudit's layouts (:func:`layout`);
     white box also plain SGD, since its scores assume theta -= lr * grad. White box
-    inserts each included canary with probability ``canaries.rate``, by default the
-    accountant's rate :attr:`q`, at every step, whatever the data loader does: it cannot
-    see how the batches are sampled.
+    inserts each included canary with probability ``canaries.rate`` at every step where it
+    is given; by default as the data loader treats an example, as dpaudit's trainer does:
+    at the accountant's rate :attr:`q` with Poisson sampling, and with the shuffled loader
+    once per epoch, in the step of a uniformly random position of the rows (a fresh one
+    each epoch, from the run's canary generator). ``canaries.mates`` adds mates * g_j per
+    row of each step's batch (the canary's slot taking one's place when shuffled); the
+    scores are those of dpaudit's trainer (:class:`dpaudit.dpsgd.CanaryScores`).
     """
 
     def __init__(self, model_fn: Callable[[], nn.Module],
@@ -325,6 +340,18 @@ class OpacusTrainer:
             return _opacus().data_loader.DPDataLoader(data, sample_rate=self.q)
         return torch.utils.data.DataLoader(data, batch_size=self.batch_size, shuffle=True)
 
+    def _scoring(self, canaries: dpsgd.GradientCanaries, rows: int) -> dict:
+        """:class:`dpaudit.dpsgd.CanaryScores`' keywords but the step size, for white-box
+        runs on ``rows`` rows: the canary inserted as the loader treats an example (with the
+        shuffled loader, once per epoch), unless given its own rate, as dpaudit's trainer
+        inserts it."""
+        shuffled = canaries.rate is None and not self.poisson_sampling
+        return {"rate": None if shuffled else canaries.rate or self.q,
+                "shuffle": ("shuffle", rows, self.batch_size) if shuffled else None,
+                "mates": canaries.mates, "expected_size": self.batch_size,
+                "noise_std": self.noise_multiplier * self.max_grad_norm,
+                "clip": self.max_grad_norm}
+
     def _run(self, X, y, seed: int, init, canaries, k: int):
         """One model of run ``seed``: (module, the run's _Canary or None, steps)."""
         opacus = _opacus()
@@ -355,13 +382,13 @@ class OpacusTrainer:
             if canaries is not None:
                 canaries.check(spec, self.max_grad_norm, canaries.included.shape[0])
                 canary = _Canary(canaries.directions.cpu(), canaries.included[k].cpu(),
-                                 canaries.rate or self.q, linears, dp,
-                                 self.noise_multiplier * self.max_grad_norm,
-                                 self.max_grad_norm, s_canary)
+                                 self._scoring(canaries, len(X)), linears, dp, s_canary)
             steps = 0
             for _ in range(self.epochs):
                 for xb, yb in loader:
                     dp.zero_grad()
+                    if canary is not None:
+                        canary.rows = len(xb)
                     self.criterion(gsm(xb), yb).backward()
                     dp.step()
                     steps += 1
@@ -394,7 +421,7 @@ class OpacusTrainer:
         ps = [_params_of(c.linears) for c in cs]
         params = dpsgd.Params([torch.cat(ws) for ws in zip(*[p.W for p in ps])],
                               [torch.cat(bs) for bs in zip(*[p.b for p in ps])])
-        llr = torch.stack([c.scores.llr for c in cs]) if cs[0].scores.noisy else None
+        llr = None if cs[0].scores.llr is None else torch.stack([c.scores.llr for c in cs])
         return dpsgd.CanaryRun(params, torch.stack([c.scores.scores for c in cs]), llr)
 
 

@@ -14,8 +14,8 @@ One concept per module:
 - :mod:`.memory`             how many seeds one training call holds, and one kept block
 """
 
-from .gradient_canaries import (CanaryRun, GradientCanaries, Insertions, dirac_canaries,
-                                last_iterate_scores)
+from .gradient_canaries import (CanaryRun, CanaryScores, GradientCanaries, Insertions,
+                                dirac_canaries, last_iterate_scores)
 from .memory import seeds_per_block, seeds_per_call, step_bytes
 from .model import (ARCHS, INITS, SAMPLINGS, DPSGDConfig, ModelSpec, Params, flatten,
                     init_params, load_params, save_params)
@@ -27,6 +27,6 @@ from .wide import grad_norms, logits, losses
 __all__ = ["ModelSpec", "DPSGDConfig", "Params", "init_params", "save_params", "load_params",
            "logits", "losses", "grad_norms", "train", "train_with_noise_std", "seeds_per_call",
            "seeds_per_block", "step_bytes", "epoch_ends", "GradientCanaries", "CanaryRun",
-           "Insertions",
+           "CanaryScores", "Insertions",
            "flatten", "last_iterate_scores", "dirac_canaries", "matmul_precision", "ARCHS",
            "SAMPLINGS", "INITS", "PRECISIONS", "TF32_REL"]

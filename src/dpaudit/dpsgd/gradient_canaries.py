@@ -214,10 +214,97 @@ class CanaryRun(NamedTuple):
     llr: torch.Tensor | None = None
 
 
+class CanaryScores:
+    """The scores of :class:`CanaryRun` (its docstring defines them), summed step by step
+    from each step's inner products <theta_t - theta_{t+1}, g_j>: dpaudit's trainer keeps
+    them, and another trainer that takes ``canaries=`` (e.g. :mod:`dpaudit.adapters.opacus`)
+    keeps them with the same definitions.
+
+    K runs of m canaries, the scores on ``device``; the update theta -= ``step_size`` * (clipped sum +
+    noise of std ``noise_std``), the canaries' norm ``clip``; insertion at ``rate`` per step
+    (Poisson), or ``shuffle`` = (sampling, n, batch_size): once per epoch at a random
+    position of the permutation (:attr:`rate` then the mean rate per step, 1 / steps per
+    epoch); ``mates``: :attr:`GradientCanaries.mates`; ``expected_size``: a Poisson
+    batch's expected size, whose mates' part is taken off z_t."""
+
+    def __init__(self, K: int, m: int, *, rate: float | None, step_size: float,
+                 noise_std: float, clip: float, shuffle: tuple[str, int, int] | None = None,
+                 mates: float = 0.0, expected_size: float = 0.0, device="cpu"):
+        self.shuffle, self.mates = shuffle, float(mates)
+        self.scores = torch.zeros(K, m, device=device, dtype=torch.float64)
+        if shuffle is not None:
+            _, n, B = shuffle
+            self.n, self.B, self.spe = n, B, -(-n // B)
+            # log P(the canary's step is s): batch s's share of the n positions
+            self.sizes = [min(B, n - s * B) for s in range(self.spe)]
+            self.log_w = torch.tensor([math.log(b / n) for b in self.sizes], device=device,
+                                      dtype=torch.float64)
+            self.rate = 1.0 / self.spe  # the mean rate per step (recorded): once an epoch
+        else:
+            self.rate = float(rate)
+        # Per-step likelihood ratio: z = <step, g> / (step_size noise_std C) is N(0, 1) from
+        # the noise plus mu = C / noise_std when the canary was added (data ignored), plus
+        # mu * mates per batch mate.
+        self.noisy = noise_std > 0
+        self._llr = torch.zeros(K, m, device=device, dtype=torch.float64) if self.noisy else None
+        if self.noisy:
+            self.z_scale = 1.0 / (step_size * noise_std * clip)
+            self.mu = clip / noise_std
+            if shuffle is None:
+                self.log_out = math.log1p(-self.rate) if self.rate < 1 else -math.inf
+                self.log_in = math.log(self.rate) - self.mu ** 2 / 2
+                self.offset = self.mu * self.mates * expected_size
+            else:
+                # The canary's step has mean b_in, its empty slot's b_out (module docstring).
+                self.b = (self.mu * (1 - self.mates), -self.mu * self.mates)
+                self.sides = 2 if self.mates else 1  # b_out = 0: its sum is log 1 = 0
+                if shuffle[0] == "shuffle":  # this epoch's log sum_s w_s exp(a_s), per side
+                    self.epoch_lr = torch.full((self.sides, K, m), -math.inf, device=device,
+                                               dtype=torch.float64)
+                else:  # sum_e a_{e,s} per step s of the epoch, per side
+                    self.slot_sum = torch.zeros(self.sides, K, m, self.spe, device=device,
+                                                dtype=torch.float64)
+
+    def add(self, step: torch.Tensor, t: int) -> None:
+        """Step ``t``'s inner products (K, m) float64, consumed (changed in place)."""
+        self.scores.add_(step)
+        if not self.noisy:
+            return
+        z = step.mul_(self.z_scale)
+        if self.shuffle is None:  # log(1 - q + q exp(mu z - mu^2 / 2)) per step
+            z.sub_(self.offset)
+            self._llr.add_(torch.logaddexp(torch.full_like(z, self.log_out),
+                                           z.mul_(self.mu).add_(self.log_in)))
+            return
+        s = t % self.spe
+        z.sub_(self.mu * self.mates * self.sizes[s])  # the mates' part: fixed-size batches
+        # b z - b^2 / 2 per side: the canary's step, and its empty slot's
+        a = torch.stack([z * b - b * b / 2 for b in self.b[:self.sides]])
+        if self.shuffle[0] == "shuffle":
+            self.epoch_lr = torch.logaddexp(self.epoch_lr, a + self.log_w[s])
+            if s == self.spe - 1:
+                self._llr.add_(self.epoch_lr[0])
+                if self.sides == 2:
+                    self._llr.sub_(self.epoch_lr[1])
+                self.epoch_lr.fill_(-math.inf)
+        else:
+            self.slot_sum[..., s].add_(a)
+
+    @property
+    def llr(self) -> torch.Tensor | None:
+        """The all-iterates log likelihood ratio so far (after whole epochs when shuffled);
+        None without noise."""
+        if self._llr is None or self.shuffle is None or self.shuffle[0] == "shuffle":
+            return self._llr
+        per_side = torch.logsumexp(self.slot_sum + self.log_w, dim=-1)
+        return per_side[0] - per_side[1] if self.sides == 2 else per_side[0]
+
+
 class _CanaryHook:
     """The trainer's canary work: per step one draw for all models, the sampled sum
-    (K, m) x (m, P) added to the update, and the score update (K, P) x (P, m) of the step.
-    Dirac canaries (one nonzero per row) take an index_add and a gather instead."""
+    (K, m) x (m, P) added to the update, and the score update (K, P) x (P, m) of the step
+    (:class:`CanaryScores`). Dirac canaries (one nonzero per row) take an index_add and a
+    gather instead."""
 
     def __init__(self, canaries: GradientCanaries, rate: float | None, key: torch.Tensor,
                  params: Params, dev, dtype, step_size: float, noise_std: float, clip: float,
@@ -233,40 +320,13 @@ class _CanaryHook:
         self.fused = fused
         self.included = canaries.included.to(dev)
         self.counts = torch.zeros(K, m, device=dev, dtype=torch.int64)  # insertions so far
-        self.scores = torch.zeros(K, m, device=dev, dtype=torch.float64)
         self.shuffle, self.t, self.mates = shuffle, 0, float(canaries.mates)
+        self.of = CanaryScores(K, m, rate=rate, step_size=step_size, noise_std=noise_std,
+                               clip=clip, shuffle=shuffle, mates=self.mates,
+                               expected_size=expected_size, device=dev)
+        self.rate = self.of.rate
         if shuffle is not None:
-            sampling, n, B = shuffle
-            self.n, self.B, self.spe = n, B, -(-n // B)
-            # log P(the canary's step is s): batch s's share of the n positions
-            self.sizes = [min(B, n - s * B) for s in range(self.spe)]
-            self.log_w = torch.tensor([math.log(b / n) for b in self.sizes], device=dev,
-                                      dtype=torch.float64)
-            self.rate = 1.0 / self.spe  # the mean rate per step (recorded): once an epoch
-        else:
-            self.rate = float(rate)
-        # Per-step likelihood ratio: z = <step, g> / (step_size noise_std C) is N(0, 1) from
-        # the noise plus mu = C / noise_std when the canary was added (data ignored), plus
-        # mu * mates per batch mate.
-        self.noisy = noise_std > 0
-        self._llr = torch.zeros(K, m, device=dev, dtype=torch.float64) if self.noisy else None
-        if self.noisy:
-            self.z_scale = 1.0 / (step_size * noise_std * clip)
-            self.mu = clip / noise_std
-            if shuffle is None:
-                self.log_out = math.log1p(-self.rate) if self.rate < 1 else -math.inf
-                self.log_in = math.log(self.rate) - self.mu ** 2 / 2
-                self.offset = self.mu * self.mates * expected_size
-            else:
-                # The canary's step has mean b_in, its empty slot's b_out (module docstring).
-                self.b = (self.mu * (1 - self.mates), -self.mu * self.mates)
-                self.sides = 2 if self.mates else 1  # b_out = 0: its sum is log 1 = 0
-                if shuffle[0] == "shuffle":  # this epoch's log sum_s w_s exp(a_s), per side
-                    self.epoch_lr = torch.full((self.sides, K, m), -math.inf, device=dev,
-                                               dtype=torch.float64)
-                else:  # sum_e a_{e,s} per step s of the epoch, per side
-                    self.slot_sum = torch.zeros(self.sides, K, m, self.spe, device=dev,
-                                                dtype=torch.float64)
+            self.n, self.B, self.spe = self.of.n, self.of.B, self.of.spe
         self.csum = torch.empty(K, P, device=dev, dtype=dtype)
         self.flat = flatten(params)
         if bool((torch.linalg.vector_norm(d, 0, dim=1) == 1).all()):  # nonzeros per row
@@ -321,33 +381,14 @@ class _CanaryHook:
             torch.sub(self.prev, self.flat, out=self.step)
             step = (self.step @ self.dirs.T).double()
             self.prev, self.flat = self.flat, self.prev
-        self.scores.add_(step)
-        if not self.noisy:
-            return
-        z = step.mul_(self.z_scale)
-        if self.shuffle is None:  # log(1 - q + q exp(mu z - mu^2 / 2)) per step
-            z.sub_(self.offset)
-            self._llr.add_(torch.logaddexp(torch.full_like(z, self.log_out),
-                                           z.mul_(self.mu).add_(self.log_in)))
-            return
-        s = self.t % self.spe
-        z.sub_(self.mu * self.mates * self.sizes[s])  # the mates' part: fixed-size batches
-        # b z - b^2 / 2 per side: the canary's step, and its empty slot's
-        a = torch.stack([z * b - b * b / 2 for b in self.b[:self.sides]])
-        if self.shuffle[0] == "shuffle":
-            self.epoch_lr = torch.logaddexp(self.epoch_lr, a + self.log_w[s])
-            if s == self.spe - 1:
-                self._llr.add_(self.epoch_lr[0])
-                if self.sides == 2:
-                    self._llr.sub_(self.epoch_lr[1])
-                self.epoch_lr.fill_(-math.inf)
-        else:
-            self.slot_sum[..., s].add_(a)
+        self.of.add(step, self.t)
+
+    @property
+    def scores(self) -> torch.Tensor:
+        """The summed scores so far (K, m) float64."""
+        return self.of.scores
 
     @property
     def llr(self) -> torch.Tensor | None:
-        """The all-iterates log likelihood ratio so far (after whole epochs when shuffled)."""
-        if self._llr is None or self.shuffle is None or self.shuffle[0] == "shuffle":
-            return self._llr
-        per_side = torch.logsumexp(self.slot_sum + self.log_w, dim=-1)
-        return per_side[0] - per_side[1] if self.sides == 2 else per_side[0]
+        """The all-iterates log likelihood ratio so far (:attr:`CanaryScores.llr`)."""
+        return self.of.llr
