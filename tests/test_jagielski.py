@@ -274,12 +274,13 @@ def _columns_of_summarize_cell(pos_by_k, neg, alpha, delta, columns):
         def cp(*counts, k=k):
             return bounds.eps_lb_clopper_pearson(*counts, delta, k)
         halves = bounds.split_trials(pos, neg)
+        compute = {
+            "eps_lb": lambda: bounds.threshold_holdout_audit(*halves, cp, level).value,
+            "eps_lb_scan": lambda: bounds.threshold_scan_audit(pos, neg, cp, level).value,
+            "mu_lb": lambda: bounds.threshold_holdout_audit(*halves, bounds.mu_lb_gdp,
+                                                            level).value / k}
         for column, values in per_k.items():
-            values.append(
-                bounds.threshold_holdout_audit(*halves, cp, level).value if column == "eps_lb"
-                else bounds.threshold_scan_audit(pos, neg, cp, level).value
-                if column == "eps_lb_scan"
-                else bounds.threshold_holdout_audit(*halves, bounds.mu_lb_gdp, level).value / k)
+            values.append(compute[column]())
     return {column: max(values) for column, values in per_k.items()}
 
 
