@@ -227,7 +227,9 @@ def test_sbatch_lines_keep_the_gpu_under_overrides(tmp_path):
            "SBATCH_LOG": str(log)}
     targets = ["results/jagielski/task_cifar.npz", "results/onerun_dpsgd.csv",
                "results/tramer_audit.csv", "figures/ridge_audit.pdf"]
+    # every submission refused: no status to wait 40 s for (the plugin's default) on exit
     out = snakemake_env(env, "--profile", str(ROOT / "profiles/slurm"), "--keep-going",
+                        "--slurm-init-seconds-before-status-checks", "1",
                         "--set-resources", "jagielski_task:runtime=123",
                         "--default-resources", "mem_mb=100", "slurm_account=other",
                         "--directory", str(run), "--configfile", str(ROOT / "config/quick.yaml"),
@@ -260,8 +262,10 @@ def test_gpu_profile_on_a_cluster_without_gpus_points_at_the_cpu_profile(tmp_pat
                                   "generic resource (gres) specification")
     env = {**os.environ, **SITE, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
            "SBATCH_LOG": str(tmp_path / "sbatch.log")}
-    out = snakemake_env(env, "--profile", str(ROOT / "profiles/slurm"), "--directory", str(run),
-                        "--configfile", str(ROOT / "config/quick.yaml"), "--",
+    out = snakemake_env(env, "--profile", str(ROOT / "profiles/slurm"),
+                        "--slurm-init-seconds-before-status-checks", "1",  # none to check
+                        "--directory", str(run), "--configfile",
+                        str(ROOT / "config/quick.yaml"), "--",
                         "results/jagielski/task_cifar.npz")
     assert out.returncode != 0 and "--gpus=1" in (tmp_path / "sbatch.log").read_text()
     assert "dpaudit: SLURM refused a job's GPU (--gpus=1): this cluster or partition has no " \

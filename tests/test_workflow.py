@@ -239,6 +239,19 @@ def tiny_run(tmp_path_factory):
     return SimpleNamespace(dir=run, cfg=cfg, conf=conf)
 
 
+@pytest.fixture(scope="session")
+def tiny_report(tiny_run, tmp_path_factory):
+    """`--report report.zip` after :func:`tiny_run`, made once for the tests that read it:
+    the finished process and the folder the zip is extracted into."""
+    folder = tmp_path_factory.mktemp("tiny_report")
+    out = snakemake("--report", str(folder / "report.zip"), "--directory", str(tiny_run.dir),
+                    "--configfile", str(tiny_run.conf))
+    assert out.returncode == 0, out.stderr[-3000:]
+    with zipfile.ZipFile(folder / "report.zip") as zf:
+        zf.extractall(folder)
+    return SimpleNamespace(out=out, dir=folder)
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # After the report's page has drawn, the top edge of its first heading in the window
 # (scroll 0), written into the page for `--dump-dom` to print.
@@ -273,35 +286,28 @@ class TestTinyRun:
     """The report and the Jagielski grids, read from one tiny run of the whole DAG."""
 
     @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (.ci/run installs it)")
-    def test_report_front_page_opens_on_its_title(self, tiny_run, tmp_path):
+    def test_report_front_page_opens_on_its_title(self, tiny_report):
         """The report's front page, taller than the window, opens on its title at the
         window sizes of a laptop, a desktop and a phone: the title's top edge inside the
         window and its left edge inside its view at scroll 0 (Snakemake's page centres it,
         which cut it off)."""
-        out = snakemake("--report", str(tmp_path / "report.zip"), "--directory",
-                        str(tiny_run.dir), "--configfile", str(tiny_run.conf))
-        assert out.returncode == 0, out.stderr[-3000:]
-        with zipfile.ZipFile(tmp_path / "report.zip") as zf:
-            zf.extractall(tmp_path)
-        (page,) = tmp_path.glob("*/report.html")
+        (page,) = tiny_report.dir.glob("*/report.html")
         for width, height in ((1366, 900), (1920, 1080), (390, 844)):
             top, left = title_top(page, width, height)
             assert 0 <= top < height / 4 and left >= 0, (width, height, top, left)
 
-    def test_report_holds_every_figure_with_its_caption(self, tiny_run, tmp_path):
+    def test_report_holds_every_figure_with_its_caption(self, tiny_run, tiny_report,
+                                                        tmp_path):
         """`--report report.zip` after the run: every figure of `all` (and Table 2 as an
         HTML table) is in it, with its caption rendered from the config, and no markup
         warning. The captions quote the config, so a config other than the run's is
         refused."""
-        run = tiny_run.dir
-        out = snakemake("--report", str(tmp_path / "report.zip"), "--directory", str(run),
-                        "--configfile", str(tiny_run.conf))
-        assert out.returncode == 0, out.stderr[-3000:]
+        run, out = tiny_run.dir, tiny_report.out
         # docutils' system messages (a duplicate link target, ...): terminal and page
         messages = re.findall(r".*\((?:INFO|WARNING|ERROR|SEVERE)/\d\).*",
                               out.stdout + out.stderr)
         assert not messages, messages
-        with zipfile.ZipFile(tmp_path / "report.zip") as zf:
+        with zipfile.ZipFile(tiny_report.dir / "report.zip") as zf:
             names = zf.namelist()
             index = next(zf.read(n).decode() for n in names if n.endswith("report.html"))
         assert "system-message" not in index and "Duplicate explicit target" not in index
