@@ -32,6 +32,7 @@ MEANINGFUL = {
     ("hw3.max_m1", "huge"): "a cap on the guess count: above m/2 it does not bind",
     ("onerun.max_k", "huge"): "a cap on the guess count: above m/2 it does not bind",
     ("ridge.label_noise", 0): "noise-free labels",
+    ("shuffle.mates", "negative"): "-1: Chua et al.'s batch mates, each -C along the canary",
     ("tramer.classes", 0): "Fashion-MNIST class 0 (T-shirt/top)",
     ("tramer.user.seed_check", 0): "skips the determinism re-check",
     ("tramer.user.max_diverged", 0): "no run may diverge (the default)",

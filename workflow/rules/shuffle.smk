@@ -20,11 +20,12 @@ rule shuffle_audit:
         store="results/shuffle/trained",
     threads: 2
     resources:
-        # Model-steps (both sides, every subject and mates): 2 CPU cores, measured with
-        # the full config; one H100 projected from the tight white box's rate.
+        # Model-steps (both sides, every subject and mates): 2 CPU cores, one thread,
+        # measured with the full config (770 s for 8.6 M); one H100 not measured, a
+        # projection from the tight white box's rate (docs/scale.md).
         **job(
             mem_mb=2000,
-            cpu_s=1.5e-4,
+            cpu_s=9e-5,
             gpu_s=1e-6,
             per=lambda wc: 2
             * len(SHUFFLE["mates"])
