@@ -30,7 +30,7 @@ DODGE, ESTIMATE_SHIFT = 0.17, 0.06
 
 def _runs(df) -> str:
     runs = sorted(int(r) for r in df.runs.unique())
-    return f"{'/'.join(map(str, runs))} runs per side"
+    return f"{'/'.join(f'{r:,}' for r in runs)} runs per side"
 
 
 def plot_shuffle(table: str | os.PathLike, out: str | os.PathLike) -> None:
@@ -79,7 +79,7 @@ def plot_shuffle(table: str | os.PathLike, out: str | os.PathLike) -> None:
                 at = x + DODGE * (i - (len(series) - 1) / 2)
                 level = 100 * (1 - row.alpha.iloc[0])
                 ax.plot([at], row.eps_lb.iloc[:1], marker, color=color, ms=6,
-                        label=f"{name}: certified at {level:g}%, {_runs(row)}")
+                        label=f"{name}: certified at {level:g}%")
                 ax.plot([at + ESTIMATE_SHIFT], row.eps_lb_gdp.iloc[:1], marker, color=color,
                         mfc="none", ms=6, label=f"{name}: GDP estimate (not a bound)")
         ax.set_xticks(range(len(subjects)), [SUBJECTS[s] for s in subjects])
@@ -88,7 +88,7 @@ def plot_shuffle(table: str | os.PathLike, out: str | os.PathLike) -> None:
         arch = "logistic regression" if st["arch"] == "lr" else "2-layer net"
         epochs = f"{st['epochs']} epoch{'s' if st['epochs'] > 1 else ''}"
         ax.set_title(f"FMNIST {arch}, B = {st['batch_size']}, {st['steps_per_epoch']} steps "
-                     f"x {epochs}", fontsize=9)
+                     f"x {epochs}\n{_runs(sub)}", fontsize=9)
         ax.set_ylabel(f"eps (delta = {st['delta']:g})")
     for ax in list(axes.flat)[len(settings):]:
         ax.set_visible(False)
