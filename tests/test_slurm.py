@@ -39,7 +39,8 @@ LOCAL_RULES = ("data", "jagielski_fig2_table", "jagielski_table2_table",
                "tramer_plot", "hw3_plot", "ridge_plot", "accounting_abadi_plot",
                "accounting_composition_plot", "trials_needed_table", "trials_needed_plot",
                "jagielski_reference_md", "tramer_reference_plot", "abadi_table",
-               "abadi_plot", "tight_table", "tight_plot", "tight_reference_table")
+               "abadi_plot", "tight_table", "tight_plot", "tight_reference_table",
+               "shuffle_plot")
 # Seconds each job (named by its first output) took in the paper-scale run on the H100
 # machine (docs/scale.md, "Job sizes": the snakemake logs of that run) and in the quick
 # run on 2 CPU cores.
