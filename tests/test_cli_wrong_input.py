@@ -205,3 +205,27 @@ def _md(tmp_path: Path) -> Path:
     path = tmp_path / "t.md"
     path.write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
     return path
+
+
+def test_each_command_line_imports_its_own_module_only():
+    """``COMMAND_MODULES`` names, for every subcommand, the module that registers it (so a
+    command line imports that module alone), and a plot command starts without torch or
+    dp_accounting (seconds per job of a workflow)."""
+    import argparse
+    import importlib
+    import subprocess
+    import sys
+
+    from dpaudit import cli
+
+    found = {}
+    for name in cli.COMMANDS:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(f"dpaudit.cli.{name}").register(sub)
+        found.update(dict.fromkeys(sub.choices, name))
+    assert found == cli.COMMAND_MODULES
+    code = ("import sys; from dpaudit.cli import main\n"
+            "try:\n    main(['tight-plot', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'dp_accounting') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "[]", out

@@ -33,9 +33,10 @@ import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Iterator, Mapping, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 #: Names a config or CLI may give (``auto``: CUDA when torch sees a GPU, else the CPU).
 DEVICES = ("auto", "cpu", "cuda")
@@ -161,6 +162,7 @@ def forced_gpu(description: GpuDescription) -> Iterator[GpuDescription]:
 def is_gpu(dev: str | torch.device) -> bool:
     """Whether work on ``dev`` takes the GPU-only branches: a CUDA device, or the CPU while
     a GPU description is forced (:func:`forced`)."""
+    import torch  # here: commands that never train start without it
     kind = torch.device(dev).type
     return kind == "cuda" or (kind == "cpu" and forced() is not None)
 
@@ -168,6 +170,7 @@ def is_gpu(dev: str | torch.device) -> bool:
 def gpu_count() -> int:
     """How many GPUs this process has: the forced description's ``count`` (:func:`forced`),
     else ``torch.cuda.device_count()`` (0 without a usable CUDA)."""
+    import torch  # here: commands that never train start without it
     desc = forced()
     return torch.cuda.device_count() if desc is None else desc.count
 
@@ -176,6 +179,7 @@ def memory_info(dev: str | torch.device) -> tuple[int, int]:
     """``(free, total)`` bytes of the GPU ``dev``: ``torch.cuda.mem_get_info`` on a CUDA
     device, the forced description's on the CPU (:func:`forced`). Any other device has no
     GPU memory to report: a ValueError."""
+    import torch  # here: commands that never train start without it
     if torch.device(dev).type == "cuda":
         return torch.cuda.mem_get_info(dev)
     desc = forced()
@@ -201,6 +205,7 @@ def resolve(device: str | torch.device | None = None) -> torch.device:
     While a GPU description is forced (:func:`forced`), ``auto`` and ``cuda`` claim a card
     of the description's ``count`` the same way (locks of their own: a dry run takes no
     real card's place) and resolve to the CPU, where the work runs."""
+    import torch  # here: commands that never train start without it
     global _claimed
     desc = forced()
     if device is None or device == "auto":
@@ -236,6 +241,7 @@ def resolve(device: str | torch.device | None = None) -> torch.device:
 
 def _claim(n: int) -> tuple[torch.device, IO | None]:
     """The card this process takes among ``n`` (see :func:`resolve`), with its lock."""
+    import torch  # here: commands that never train start without it
     if n == 1:
         return torch.device("cuda", 0), None
     desc = forced()
@@ -305,6 +311,7 @@ def _show(variables: Mapping[str, str]) -> str:
 
 def _why_no_cuda() -> str:
     """Why ``torch.cuda.is_available()`` is false, in torch's words where it has them."""
+    import torch  # here: commands that never train start without it
     if not torch.backends.cuda.is_built():
         return f"this torch ({torch.__version__}) is built without CUDA"
     try:
@@ -320,6 +327,7 @@ def nvml_free_memory(n: int) -> list[int] | None:
     torch's indices by UUID, so ``CUDA_VISIBLE_DEVICES`` is respected. ``None`` where NVML
     cannot say: ``nvidia-ml-py`` not installed (``pip install "dpaudit[gpu]"``), no driver
     library, or a device NVML does not list (a MIG slice)."""
+    import torch  # here: commands that never train start without it
     try:
         import pynvml
     except ImportError:
@@ -365,6 +373,7 @@ def describe(device: str | torch.device | None = None) -> dict:
     card's properties from the driver: no context opens on any other card. While a GPU
     description is forced (:func:`forced`) the work ran on the CPU: ``device`` is
     ``"cpu"``, the GPU fields ``None``, and ``forced_gpu`` names the description."""
+    import torch  # here: commands that never train start without it
     dev = resolve(device)
     info = {"device": str(dev), "gpu_name": None, "capability": None, "sm_count": None,
             "torch": torch.__version__, "cuda": torch.version.cuda or None}
@@ -399,6 +408,7 @@ def deterministic(dev: str | torch.device) -> Iterator[None]:
     first cuBLAS call, so enter this scope before any CUDA matmul (as the task's
     pretraining does) for the same workspace on every run. On the CPU (already
     deterministic) a no-op, unless a GPU description is forced (:func:`is_gpu`)."""
+    import torch  # here: commands that never train start without it
     if not is_gpu(dev):
         yield
         return

@@ -108,11 +108,34 @@ def say(command: str):
     return lambda msg: print(f"dpaudit {command}: {msg}", file=sys.stderr, flush=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Each subcommand's module here: a command line imports only its own (a plot or table job
+#: then starts without torch and dp_accounting, seconds each); tests/test_cli_wrong_input.py
+#: checks it against what the modules register.
+COMMAND_MODULES = {
+    "data": "data", "hw3-audit": "hw3", "hw3-plot": "hw3",
+    "accounting-curves": "accounting", "accounting-plot": "accounting",
+    "ridge-audit": "ridge", "ridge-plot": "ridge",
+    "jagielski-task": "jagielski", "jagielski-init": "jagielski",
+    "jagielski-train": "jagielski", "jagielski-audit": "jagielski",
+    "jagielski-plot": "jagielski", "jagielski-md": "jagielski",
+    "trials-needed": "trials_needed", "trials-needed-plot": "trials_needed",
+    "audit-impl": "tramer", "tramer-audit": "tramer", "tramer-reaudit": "tramer",
+    "tramer-plot": "tramer", "onerun-audit": "onerun", "onerun-plot": "onerun",
+    "abadi-features": "abadi", "abadi-train": "abadi", "abadi-table": "abadi",
+    "abadi-plot": "abadi", "md-html": "report",
+    "tight-whitebox-audit": "tight", "tight-blackbox-audit": "tight", "tight-table": "tight",
+    "tight-plot": "tight", "shuffle-audit": "shuffle", "shuffle-plot": "shuffle",
+}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or, where ``argv`` names a known one first, of that
+    one alone (its module imported, no other)."""
     parser = argparse.ArgumentParser(prog="dpaudit", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dpaudit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
+    first = argv[0] if argv else None
+    for name in [COMMAND_MODULES[first]] if first in COMMAND_MODULES else COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
@@ -124,8 +147,8 @@ def _missing_folders(args) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     missing = _missing_folders(args)
     try:
         args.func(args)
