@@ -94,7 +94,7 @@ def test_cli_reports_an_unusable_gpu_as_an_error(monkeypatch, capsys, no_gpu_var
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = SimpleNamespace(command="jagielski-train", func=lambda a: resolve("cuda"))
     monkeypatch.setattr(cli, "build_parser",
-                        lambda: SimpleNamespace(parse_args=lambda argv: args))
+                        lambda argv=None: SimpleNamespace(parse_args=lambda argv: args))
     assert cli.main([]) == 2
     assert capsys.readouterr().err.startswith("dpaudit jagielski-train: device='cuda': ")
 
