@@ -199,6 +199,9 @@ def test_shuffle_audit_writes_its_table_and_figure(tmp_path):
      r"--spec.settings\[0\]: missing keys \['eps'\]"),
     ({"settings": [{"arch": "lr", "batch_size": 50, "steps_per_epoch": 4, "epochs": 1,
                     "eps": 2}]}, r"at most the task's 60 training rows; lr B=50 S=4"),
+    ({"subjects": ["shuffle-once"], "settings": [
+        {"arch": "lr", "batch_size": 5, "steps_per_epoch": 4, "epochs": 1, "eps": 2}]},
+     r"--spec: nothing to audit: shuffle-once at one epoch is shuffle"),
 ])
 def test_shuffle_audit_names_a_bad_spec(tmp_path, capsys, change, message):
     task = _task(tmp_path / "task.npz")

@@ -75,6 +75,9 @@ def _audit(args) -> None:
 
     spec = args.spec
     grid = settings(spec)
+    if set(spec["subjects"]) == {"shuffle-once"} and all(s.epochs == 1 for s, _ in grid):
+        raise SpecError("--spec: nothing to audit: shuffle-once at one epoch is shuffle and is "
+                        "not trained again; give another subject or a setting with epochs > 1")
     task, task_prov = _task(args.task)
     too_big = [s.label() for s, _ in grid if s.n > len(task.X)]
     if too_big:

@@ -52,6 +52,10 @@ def plot_shuffle(table: str | os.PathLike, out: str | os.PathLike) -> None:
     ncols = min(3, len(settings))
     nrows = -(-len(settings) // ncols)
     fig, axes = figure(nrows, ncols, squeeze=False, figsize=(4.6 * max(2, ncols), 3.4 * nrows))
+    other = sorted(set(df.mates) - {m for _, m in SERIES})
+    if other:
+        raise ValueError(f"{table}: batch mates {other} have no series in this figure (it draws "
+                         f"mates -1 and 0)")
     series = [s for s in SERIES if ((df.method == s[0]) & (df.mates == s[1])).any()]
     for ax, st in zip(axes.flat, settings):
         sub = df[np.logical_and.reduce([df[k] == st[k] for k in keys])]
