@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import SpecError
-from ..device import DEVICES, resolve
-from . import (FIGURE_HELP, figure_out, kept_folder, made_by, out_dir, out_file, say, seed_arg,
-               spec_arg)
+from ..device import resolve
+from . import FIGURE_HELP, figure_out, kept_folder, made_by, say, spec_arg
+from .tight import training_args
 
 #: Keys of ``--spec`` (config ``shuffle``, config/README.md).
 SPEC_KEYS = ("settings", "subjects", "mates", "runs", "hidden", "lr", "clip", "alpha",
@@ -128,14 +128,7 @@ def register(subparsers) -> None:
     p.add_argument("--spec", type=spec_arg, required=True,
                    help=f"JSON with keys {', '.join(SPEC_KEYS)}; each setting with keys "
                         f"{', '.join(SETTING_KEYS)} and optionally runs (config `shuffle`)")
-    p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
-    p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
-    p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
-    p.add_argument("--out", type=out_file, required=True, help="result table (CSV)")
-    p.add_argument("--store", type=out_dir, default=None, metavar="DIR",
-                   help="folder that keeps every finished batch of runs (one subfolder per "
-                        "setting, subject and mates), so that a rerun trains only what it "
-                        "lacks")
+    training_args(p, "setting, subject and batch mates")
     p.set_defaults(func=_audit)
 
     p = subparsers.add_parser("shuffle-plot", help="draw the shuffle audit against its claims "

@@ -232,15 +232,16 @@ def _plot(args) -> None:
     plot_tight(args.table, args.out)
 
 
-def _training_args(p) -> None:
-    """The arguments both audits share: the task, the seed, the device and the output."""
+def training_args(p, cells: str = "model and eps label") -> None:
+    """The arguments the audits of a Jagielski task share (these and shuffle-audit): the
+    task, the seed, the device, the output and the store (one subfolder per ``cells``)."""
     p.add_argument("--task", type=Path, required=True, help="task file from jagielski-task")
     p.add_argument("--seed", type=seed_arg, required=True, help="run seed (config `seed`)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where models train")
     p.add_argument("--out", type=out_file, required=True, help="result table (CSV)")
     p.add_argument("--store", type=out_dir, default=None, metavar="DIR",
-                   help="folder that keeps every finished batch of runs (one subfolder per "
-                        "model and eps label), so that a rerun trains only what it lacks")
+                   help=f"folder that keeps every finished batch of runs (one subfolder per "
+                        f"{cells}), so that a rerun trains only what it lacks")
 
 
 def register(subparsers) -> None:
@@ -252,7 +253,7 @@ def register(subparsers) -> None:
     p.add_argument("--train", type=spec_arg, required=True,
                    help=f"DP-SGD set-up, JSON with keys {', '.join(TRAIN_KEYS)} (noise: "
                         f"{{eps label: noise multiplier}})")
-    _training_args(p)
+    training_args(p)
     p.set_defaults(func=_audit)
 
     p = subparsers.add_parser("tight-blackbox-audit",
@@ -261,7 +262,7 @@ def register(subparsers) -> None:
     p.add_argument("--spec", type=spec_arg, required=True,
                    help=f"JSON with keys {', '.join(BLACKBOX_KEYS)} (runs per side; the "
                         f"noise of each eps label is calibrated by PLD)")
-    _training_args(p)
+    training_args(p)
     p.set_defaults(func=_blackbox)
 
     p = subparsers.add_parser("tight-table", help="the tight audits and the last-iterate "
