@@ -4,7 +4,6 @@ rule (profiles and cluster jobs: test_slurm.py; the report: test_workflow.py).""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -121,3 +120,53 @@ def test_md_html_renders_the_pipe_table(tmp_path):
     page = (tmp_path / "t.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "<p>Title line</p>" in page
     assert "<th>eps_th</th>" in page and "<td>0.90 (0.75) [0.41]</td>" in page
+
+
+_WITHOUT = """
+import runpy, sys
+
+class Refuse:  # torch and the accountants cannot be imported in this process
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "dp_accounting"):
+            raise ImportError(f"{name} imported at the workflow's start-up")
+
+sys.meta_path.insert(0, Refuse())
+sys.argv = ["snakemake", *sys.argv[1:]]
+runpy.run_module("snakemake", run_name="__main__")
+"""
+
+
+def test_start_up_imports_neither_torch_nor_the_accountants(tmp_path):
+    """Snakemake reads the whole workflow (every rule file, the config checks, the GPU
+    count with the GPUs hidden) without importing torch or dp_accounting, which took about
+    4 of its 5 seconds of start-up in every dry run, cluster job and test."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _WITHOUT, "-s", str(ROOT / "Snakefile"), "-n",
+                          "--cores", "1", "--directory", str(tmp_path), "--", "reference", "all", "shuffle"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rule tramer_audit:" in out.stdout and "rule shuffle_audit:" in out.stdout
+
+
+def test_lazy_packages_give_each_public_name_from_its_module():
+    """dpaudit.dpsgd and dpaudit.experiments.jagielski import their torch modules on first
+    use (dpaudit.lazy): every name of ``__all__`` is there, the object of its module; a
+    name that is not is an AttributeError, as from any module."""
+    import importlib
+
+    from dpaudit import dpsgd
+    from dpaudit.experiments import jagielski
+
+    for package in (dpsgd, jagielski):
+        for name in package.__all__:
+            assert name in dir(package), name
+            if name in package._WHERE:
+                module = importlib.import_module(f"{package.__name__}.{package._WHERE[name]}")
+                assert getattr(package, name) is getattr(module, name), name
+    assert dpsgd.wide is importlib.import_module("dpaudit.dpsgd.wide")
+    with pytest.raises(AttributeError, match="module 'dpaudit.dpsgd' has no attribute 'nope'"):
+        dpsgd.nope

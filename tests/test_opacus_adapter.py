@@ -401,3 +401,25 @@ def test_example_script_prints_one_verdict_line_per_audit(cases, tmp_path, monke
     assert line.startswith("correct (white-box): audit failed (exit 2): dpaudit audit-impl: "
                            "config error: --train cases:correct raised ValueError: mode "
                            "'white-box': the canary's scores assume plain SGD"), line
+
+
+def test_example_script_runs_the_audits_named_by_only_and_checks_jobs(cases, tmp_path,
+                                                                     monkeypatch, capsys):
+    """--only takes a list, each audit once in the order given; --jobs below 1 and an
+    audit not in the script's list are refused by name (the audits stubbed)."""
+    import audit as example
+
+    done = []
+    monkeypatch.setattr(example, "audit", lambda name, mode, runs, val_runs, *rest:
+                        done.append((name, mode, runs, val_runs)) or f"{name} {mode}")
+    only = "noise_on_mean:black-box,correct:white-box"
+    assert example.main_(["--quick", "--jobs", "1", "--only", only, "--out", str(tmp_path)]) == 0
+    assert done == [("noise_on_mean", "black-box", 80, 40), ("correct", "white-box", 80, 40)]
+    assert capsys.readouterr().out == "noise_on_mean black-box\ncorrect white-box\n"
+    for argv, says in ((["--jobs", "0"], "--jobs 0: must be at least 1"),
+                       (["--only", "correct:black-box,shuffled:white-box"],
+                        "--only correct:black-box,shuffled:white-box: each must be one of")):
+        with pytest.raises(SystemExit) as stop:
+            example.main_([*argv, "--out", str(tmp_path)])
+        assert stop.value.code == 2 and says in capsys.readouterr().err
+    assert len(done) == 2

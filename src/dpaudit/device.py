@@ -169,10 +169,16 @@ def is_gpu(dev: str | torch.device) -> bool:
 
 def gpu_count() -> int:
     """How many GPUs this process has: the forced description's ``count`` (:func:`forced`),
-    else ``torch.cuda.device_count()`` (0 without a usable CUDA)."""
-    import torch  # here: commands that never train start without it
+    else ``torch.cuda.device_count()`` (0 without a usable CUDA; 0 without importing torch
+    where ``CUDA_VISIBLE_DEVICES`` is set and empty, which hides every GPU from CUDA and
+    ROCm: Snakemake's start-up asks, and the CPU-only jobs and tests set it)."""
     desc = forced()
-    return torch.cuda.device_count() if desc is None else desc.count
+    if desc is not None:
+        return desc.count
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return 0
+    import torch  # here: commands that never train start without it
+    return torch.cuda.device_count()
 
 
 def memory_info(dev: str | torch.device) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 # Debugging DP with audits (Tramer et al. 2022): the buggy and the fixed DP-SGD at the same
 # claimed (eps, delta), and `audit_user`, the config-driven audit of your own training
 # function (docs/audit_your_implementation.md; not part of `all`).
-from dpaudit.experiments.tramer import SPEC_KEYS as TRAMER_KEYS
+from dpaudit.cli.tramer import SPEC_KEYS as TRAMER_KEYS
 
 FIGURES.append("figures/tramer_canary_losses.pdf")
 # Result table -> (`dpaudit tramer-audit --target`, figure name).

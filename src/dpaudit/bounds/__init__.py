@@ -83,6 +83,8 @@ __all__ = [
     "eps_lb_hoeffding",
     "scores_array",
     "ThresholdAudit",
+    "Bound",
+    "TIES",
     "threshold_holdout_audit",
     "GUESS_GRID_SIZE",
     "guess_grid",

@@ -27,6 +27,14 @@ MODES = ("black-box", "worst-case-init", "white-box")
 #: Default ``--call-timeout`` (:data:`dpaudit.experiments.tramer.CALL_LIMIT`, likewise).
 CALL_LIMIT = 3600.0
 
+#: Keys of the ``tramer`` config section each audit depends on (``dpaudit tramer-audit
+#: --target``): the rule passes only these, so editing one audit never reruns the other.
+SPEC_KEYS = {
+    "case-study": ("implementations", "eps", "delta", "alpha", "canary", "classes", "n_train",
+                   "runs", "val_runs", "batch_runs", "model"),
+    "user": ("user", "alpha", "classes", "n_train", "batch_runs"),
+}
+
 #: Leading columns of the audit table, in a fixed order; more follow.
 COLUMNS = ["implementation", "claimed_eps", "delta", "runs", "tpr", "fpr", "threshold",
            "eps_lb", "mu_lb", "verdict"]
@@ -297,8 +305,6 @@ def _audit_impl(args) -> None:
 
 
 def _tramer_audit(args) -> None:
-    from ..experiments.tramer import SPEC_KEYS
-
     sec = validate_section(args.spec, "tramer",
                            schema_node=subset_schema(SPEC_KEYS[args.target], "tramer"))
     data = validate_section(args.data, "data")

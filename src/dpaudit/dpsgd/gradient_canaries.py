@@ -47,7 +47,8 @@ import torch
 
 from . import philox
 from ..device import resolve
-from .model import ModelSpec, Params, _noise_views, _tensors, flatten
+from .model import Params, _noise_views, _tensors, flatten
+from .spec import ModelSpec
 
 
 def last_iterate_scores(theta0: Params, thetaT: Params, directions: torch.Tensor) -> torch.Tensor:

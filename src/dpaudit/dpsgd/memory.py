@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..device import is_gpu, memory_info, resolve
-from .model import DPSGDConfig, ModelSpec
+from .spec import DPSGDConfig, ModelSpec
 from .sampling import full_batch, shares_data
 
 

@@ -19,7 +19,7 @@ import math
 import torch
 
 from . import philox
-from .model import DPSGDConfig, ModelSpec
+from .spec import DPSGDConfig, ModelSpec
 
 #: Floating-point operations one byte of the gather is worth in the cost rule of
 #: :func:`shares_data`. Fitted to where the two forms take equally long on 2 CPU cores

@@ -27,7 +27,8 @@ from . import philox
 from ..device import is_gpu, resolve
 from . import precision, sampling
 from .gradient_canaries import CanaryRun, GradientCanaries, _CanaryHook
-from .model import DPSGDConfig, ModelSpec, Params, _check_seed, _glorot_draw, _noise_views, _tensors
+from .model import Params, _check_seed, _glorot_draw, _noise_views, _tensors
+from .spec import DPSGDConfig, ModelSpec
 from .wide import _binary_step, _gradient_step, _Wide
 
 

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import torch
 
-from .model import ModelSpec, Params
+from .model import Params
+from .spec import ModelSpec
 
 
 class _Wide(NamedTuple):

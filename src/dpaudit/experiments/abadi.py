@@ -38,15 +38,19 @@ measured after every epoch through the trainer's ``on_epoch`` hook.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
-import torch
 
-from .. import accounting, dpsgd, seeds
+# torch and the accountants are imported where they are used: Snakemake's start-up reads
+# this module's levels and paths (workflow/rules/abadi.smk) and needs neither.
+from .. import dpsgd, seeds
 from ..config import SpecError
 from ..device import resolve
+
+if TYPE_CHECKING:
+    import torch
 
 FIGURES = ("fig3", "fig6")
 #: The paper's reported test accuracy at each noise level's epsilon (Figure 3's text,
@@ -109,6 +113,8 @@ def eps_by_epoch(cfg: dpsgd.DPSGDConfig, n: int, delta: float, method: str,
     """Epsilon after epochs 0..``cfg.epochs`` of DP-SGD on n examples (Poisson sampling at
     rate B/n, the steps :func:`dpsgd.epoch_ends` counts, noise multiplier
     ``cfg.noise_multiplier``), composed with the ``gaussians`` run before it."""
+    from .. import accounting
+
     steps = [0] + dpsgd.epoch_ends(cfg, n)
     return accounting.epsilon_curve(cfg.noise_multiplier, cfg.batch_size / n, steps, delta,
                                     method, gaussians)
@@ -149,6 +155,8 @@ def train_curve(X, y, X_test, y_test, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDCo
     epoch 0 (the initialisation) .. ``cfg.epochs`` with ``train_acc`` (on the rows
     ``train_eval`` of the training set, all by default), ``test_acc``, ``steps``, ``lr``
     (of the epoch's last step) and ``eps`` (``eps[epoch]``)."""
+    import torch
+
     say = log or (lambda msg: None)
     dev = resolve(device)
     X, X_test = torch.as_tensor(X), torch.as_tensor(X_test)

@@ -32,7 +32,9 @@ of a grid sees the same batches and noise draws (paired comparisons across the g
 
 Modules: :mod:`.tasks` (the data tasks), :mod:`.grid` (cells, config keys, paths),
 :mod:`.training` (sides, seeds, scores, kept blocks), :mod:`.audit` (a cell's bounds) and
-:mod:`.paper` (Table 2 against the paper); this package re-exports their public names.
+:mod:`.paper` (Table 2 against the paper); this package re-exports their public names,
+those of :mod:`.tasks` and :mod:`.training` (torch) imported on first use
+(:mod:`dpaudit.lazy`): the workflow's start-up reads only the grid.
 """
 
 from __future__ import annotations
@@ -47,9 +49,13 @@ from .grid import (ATTACKS, AUDIT_KEYS, DATASETS, MADE_WITH_KEYS, STATISTICS, TA
 from .paper import (PAPER_CLIPS, PAPER_COLUMN, PAPER_TABLE2, PAPER_TOL, TABLE2_COLUMNS,
                     TABLE2_NOTES, eps_label, init_name, init_order, paper_agreement,
                     paper_table2, table2_markdown, with_paper_table2)
-from .tasks import POOL_SIZE, TASK_ARRAYS, Task, cifar_task, fmnist_task, make_task
-from .training import (YEOM_POINTS, model_seeds, run_group, score_models, sides,
-                       trainer_digest)
+from ...lazy import lazy_attributes
+
+_WHERE = {**dict.fromkeys(("POOL_SIZE", "TASK_ARRAYS", "Task", "cifar_task", "fmnist_task",
+                           "make_task"), "tasks"),
+          **dict.fromkeys(("YEOM_POINTS", "model_seeds", "run_group", "score_models", "sides",
+                           "trainer_digest"), "training")}
+__getattr__, __dir__ = lazy_attributes(globals(), _WHERE, ("tasks", "training"))
 
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS",
            "MADE_WITH_KEYS", "TASK_ARRAYS", "POOL_SIZE", "YEOM_POINTS", "Task", "make_task",

@@ -78,7 +78,7 @@ public names.
 
 from __future__ import annotations
 
-from .audit import SPEC_KEYS, audit_implementation
+from .audit import audit_implementation
 from .claim import (ALPHA, NO_VIOLATION, VIOLATES, VIOLATES_PROFILE, max_eps_lb, min_runs,
                     mu_claimed, verdict)
 from .modes import (INSERTION_ALPHA, MODE_KEYWORDS, MODES, RELATION, audit_whitebox,
@@ -91,7 +91,7 @@ from .statistics import (GROUPS, OWN_RUNS, accuracy_columns, audit_counts, audit
                          audit_losses, audit_scores)
 
 __all__ = ["ALPHA", "VIOLATES", "VIOLATES_PROFILE", "NO_VIOLATION", "PROFILE_GRID",
-           "SPEC_KEYS", "GROUPS", "OWN_RUNS", "REAUDIT_COLUMNS", "RUN_KEY", "SEED_CHECK",
+           "GROUPS", "OWN_RUNS", "REAUDIT_COLUMNS", "RUN_KEY", "SEED_CHECK",
            "CONTRACT", "MODES", "MODE_KEYWORDS", "RELATION", "Unauditable", "ClaimedProfile",
            "run_seeds", "trainer_digest", "check_mode", "pretrained_init", "train_runs",
            "check_options", "check_seeds", "accuracy_columns", "mu_claimed", "claimed_profile",

@@ -18,15 +18,6 @@ from .runs import (CALL_LIMIT, SEED_CHECK, Progress, Unauditable, _with_canary, 
 from .statistics import GROUPS, OWN_RUNS, accuracy_columns, audit_loss_table
 
 
-#: Keys of the ``tramer`` config section each audit depends on (``dpaudit tramer-audit
-#: --target``): the rule passes only these, so editing one audit never reruns the other.
-SPEC_KEYS = {
-    "case-study": ("implementations", "eps", "delta", "alpha", "canary", "classes", "n_train",
-                   "runs", "val_runs", "batch_runs", "model"),
-    "user": ("user", "alpha", "classes", "n_train", "batch_runs"),
-}
-
-
 def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Canary,
                          claimed_eps: float, delta: float, runs: int, val_runs: int,
                          spec: dict, seed: int, alpha: float = ALPHA, batch_runs: int = 1000,

@@ -1,0 +1,33 @@
+"""Package attributes imported on first use (PEP 562), so that a process that only reads a
+package's light names does not import what its other modules need: Snakemake's start-up
+builds the workflow from the experiments' grids and the models' shapes, and with every
+module imported at once it spent about 4 of its 5 seconds importing torch and the
+accountants."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+
+def lazy_attributes(namespace: dict, where: dict[str, str],
+                    submodules: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
+    """``__getattr__`` and ``__dir__`` for the package whose ``globals()`` is ``namespace``:
+    the name ``n`` of ``where`` is imported from its submodule ``where[n]`` when first
+    read, and each of ``submodules`` when read as an attribute (as an eager ``__init__``
+    would have set it)."""
+    package = namespace["__name__"]
+
+    def __getattr__(name: str):
+        if name in submodules:
+            return importlib.import_module(f"{package}.{name}")
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{where[name]}"), name)
+        namespace[name] = value  # read once: the next access is a plain lookup
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *where, *submodules})
+
+    return __getattr__, __dir__
