@@ -63,7 +63,7 @@ from .paper_rule import (PAPER_ALPHA, PAPER_BOOTSTRAPS, PAPER_SELECT_ALPHA, Pape
 from .profile import ProfileAudit, profile_audit, profile_violation
 from .resplits import eps_lb_resplits
 from .roc import auc, tpr_at_fpr
-from .thresholds import (TIES, Bound, ThresholdAudit, split_trials, threshold_holdout_audit,
+from .thresholds import (TIES, ThresholdAudit, split_trials, threshold_holdout_audit,
                          threshold_scan_audit, threshold_split_audit)
 
 __all__ = [
@@ -83,7 +83,6 @@ __all__ = [
     "eps_lb_hoeffding",
     "scores_array",
     "ThresholdAudit",
-    "Bound",
     "TIES",
     "threshold_holdout_audit",
     "GUESS_GRID_SIZE",
