@@ -423,3 +423,47 @@ def test_example_script_runs_the_audits_named_by_only_and_checks_jobs(cases, tmp
             example.main_([*argv, "--out", str(tmp_path)])
         assert stop.value.code == 2 and says in capsys.readouterr().err
     assert len(done) == 2
+
+
+@pytest.mark.slow
+def test_example_script_runs_every_audit_in_its_own_processes(tmp_path):
+    """`python examples/opacus/audit.py` as a user runs it: its five audits, two at a time
+    in spawned processes (--jobs 2), on Fashion-MNIST files in the real format (random
+    images, class 1 the brighter, 2,200 of classes 0/1: the half the audit draws holds
+    its 500 rows and the 500 the worst-case init is pretrained on), at the
+    fewest runs alpha 0.05 allows (12 + 4 per side; the --quick run takes minutes:
+    docs/audit_your_implementation.md). One verdict line per audit, in the script's
+    order, and each audit's table."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+    from fakedata import fake_fmnist, idx_bytes
+
+    raw = tmp_path / "data" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    arrays = fake_fmnist(np.random.default_rng(0), n_train=2200, n_test=100)
+    for split, n in (("train", 2200), ("t10k", 100)):  # class 1 the brighter: learnable
+        labels = (np.arange(n) % 2).astype(np.uint8)
+        arrays[f"{split}-labels-idx1-ubyte"] = labels
+        arrays[f"{split}-images-idx3-ubyte"] //= 2
+        arrays[f"{split}-images-idx3-ubyte"] += 128 * labels[:, None, None]
+    for name, arr in arrays.items():
+        (raw / name).write_bytes(idx_bytes(arr))
+    script = Path(__file__).resolve().parents[1] / "examples" / "opacus" / "audit.py"
+    out = subprocess.run([sys.executable, str(script), "--runs", "12", "--val-runs", "4",
+                          "--alpha", "0.05", "--jobs", "2", "--data-root", str(tmp_path / "data"),
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    audits = [("correct", "black-box"), ("shuffled", "black-box"), ("noise_on_mean", "black-box"),
+              ("correct", "worst-case-init"), ("correct", "white-box")]
+    assert len(lines) == 5, out.stdout
+    for line, (name, mode) in zip(lines, audits):
+        assert line.startswith(f"{name} ({mode}, 12 + 4 runs per side, "), line
+        assert "against Opacus' eps 0.994" in line and line.endswith(
+            ("no violation detected", "violates its claimed guarantee",
+             "violates the claimed DP-SGD privacy profile")), line
+        assert (tmp_path / "out" / f"{name}_{mode}.csv").is_file()

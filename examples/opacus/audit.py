@@ -47,14 +47,18 @@ AUDITS = [("correct", "black-box"), ("shuffled", "black-box"),
           ("correct", "white-box")]
 
 
-def audit(name: str, mode: str, runs: int, val_runs: int, out: Path, data_root, seed: int):
-    """One audit-impl run, its log in OUT/NAME_MODE.log; its verdict line."""
+def audit(name: str, mode: str, runs: int, val_runs: int, out: Path, data_root, seed: int,
+          alpha: float | None = None):
+    """One audit-impl run (at its default alpha unless ``alpha``), its log in
+    OUT/NAME_MODE.log; its verdict line."""
     table = out / f"{name}_{mode}.csv"
     args = ["audit-impl", "--train", f"cases:{name}", "--mode", mode, "--runs", str(runs),
             "--val-runs", str(val_runs), "--seed", str(seed), "--out", str(table),
             *getattr(cases, name).cli_args(cases.DELTA).split()]
     if data_root is not None:
         args += ["--data-root", str(data_root)]
+    if alpha is not None:
+        args += ["--alpha", str(alpha)]
     start = time.perf_counter()
     with open(out / f"{name}_{mode}.log", "w") as log, contextlib.redirect_stderr(log):
         code = main(args)
@@ -80,6 +84,8 @@ def main_(argv=None) -> int:
                    "of --quick's or the default")
     p.add_argument("--val-runs", type=int, default=None, help="validation runs per side, as "
                    "--runs")
+    p.add_argument("--alpha", type=float, default=None, help="the audits' alpha (default "
+                   "audit-impl's, 1e-10: at least 76 runs per side for these claims)")
     p.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                    help="audits at once, one thread each (default: the cores at hand)")
     a = p.parse_args(argv)
@@ -94,7 +100,8 @@ def main_(argv=None) -> int:
     # Opacus step about 16 times slower (measured).
     torch.set_num_threads(1)
     a.out.mkdir(parents=True, exist_ok=True)
-    args = [(name, mode, runs, val_runs, a.out, a.data_root, a.seed) for name, mode in todo]
+    args = [(name, mode, runs, val_runs, a.out, a.data_root, a.seed, a.alpha)
+            for name, mode in todo]
     if a.jobs == 1 or len(todo) == 1:
         for one in args:
             print(audit(*one), flush=True)
