@@ -86,12 +86,14 @@ def main_(argv=None) -> int:
                    "--runs")
     p.add_argument("--alpha", type=float, default=None, help="the audits' alpha (default "
                    "audit-impl's, 1e-10: at least 76 runs per side for these claims)")
-    p.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    p.add_argument("--jobs", type=int, default=cores or 1,
                    help="audits at once, one thread each (default: the cores at hand)")
     a = p.parse_args(argv)
     runs, val_runs = (80, 40) if a.quick else (1000, 500)
     runs, val_runs = a.runs or runs, a.val_runs or val_runs
-    todo = AUDITS if a.only is None else [tuple(x.split(":", 1)) for x in a.only.split(",")]
+    todo = AUDITS if a.only is None else list(dict.fromkeys(  # each once: one table each
+        tuple(x.split(":", 1)) for x in a.only.split(",")))
     if not set(todo) <= set(AUDITS):
         p.error(f"--only {a.only}: each must be one of {[f'{n}:{m}' for n, m in AUDITS]}")
     if a.jobs < 1:
@@ -107,7 +109,7 @@ def main_(argv=None) -> int:
             print(audit(*one), flush=True)
         return 0
     # Spawned, not forked: a forked torch may hang in its thread pool. The lines in the order
-    # of AUDITS, each as soon as it and those before it are done.
+    # of the audits, each as soon as it and those before it are done.
     with ProcessPoolExecutor(min(a.jobs, len(todo)), multiprocessing.get_context("spawn"),
                              initializer=torch.set_num_threads, initargs=(1,)) as pool:
         for line in pool.map(audit, *zip(*args)):

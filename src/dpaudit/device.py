@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import re
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -169,13 +170,14 @@ def is_gpu(dev: str | torch.device) -> bool:
 
 def gpu_count() -> int:
     """How many GPUs this process has: the forced description's ``count`` (:func:`forced`),
-    else ``torch.cuda.device_count()`` (0 without a usable CUDA; 0 without importing torch
-    where ``CUDA_VISIBLE_DEVICES`` is set and empty, which hides every GPU from CUDA and
-    ROCm: Snakemake's start-up asks, and the CPU-only jobs and tests set it)."""
+    else ``torch.cuda.device_count()`` (0 without a usable CUDA). Before torch is imported,
+    ``CUDA_VISIBLE_DEVICES`` set and empty hides every GPU from CUDA and ROCm: 0 without
+    importing torch (Snakemake's start-up asks; the CPU-only jobs and tests set it). CUDA
+    reads the variable once, so after torch is imported it is asked."""
     desc = forced()
     if desc is not None:
         return desc.count
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "" and "torch" not in sys.modules:
         return 0
     import torch  # here: commands that never train start without it
     return torch.cuda.device_count()

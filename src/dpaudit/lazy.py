@@ -2,7 +2,9 @@
 package's light names does not import what its other modules need: Snakemake's start-up
 builds the workflow from the experiments' grids and the models' shapes, and with every
 module imported at once it spent about 4 of its 5 seconds importing torch and the
-accountants."""
+accountants. (It still imports torch to count the GPUs, except where
+``CUDA_VISIBLE_DEVICES`` hides them or ``--resources gpu=N`` gives the count:
+:func:`dpaudit.device.gpu_count`, ``workflow/rules/common.smk``.)"""
 
 from __future__ import annotations
 

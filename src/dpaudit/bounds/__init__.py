@@ -63,8 +63,8 @@ from .paper_rule import (PAPER_ALPHA, PAPER_BOOTSTRAPS, PAPER_SELECT_ALPHA, Pape
 from .profile import ProfileAudit, profile_audit, profile_violation
 from .resplits import eps_lb_resplits
 from .roc import auc, tpr_at_fpr
-from .thresholds import (TIES, ThresholdAudit, split_trials, threshold_holdout_audit,
-                         threshold_scan_audit, threshold_split_audit)
+from .thresholds import (TIES, Bound as Bound, ThresholdAudit, split_trials,
+                         threshold_holdout_audit, threshold_scan_audit, threshold_split_audit)
 
 __all__ = [
     "clopper_pearson",

@@ -87,7 +87,7 @@ def profile_violation(ct_pos, n_pos, ct_neg, n_neg, alpha, epsilons, deltas):
     """``V = max_e delta_lb(e) - delta_claim(e)`` over the grid ``epsilons`` with the
     claimed profile ``deltas`` (module docstring); ``V > 0`` refutes the claimed profile
     at confidence ``1 - alpha``. Broadcasts over the counts (a
-    :data:`~dpaudit.bounds.thresholds.Bound` once ``epsilons`` and ``deltas`` are bound), a
+    :data:`~dpaudit.bounds.Bound` once ``epsilons`` and ``deltas`` are bound), a
     float for scalar counts."""
     ct_pos, n_pos, ct_neg, n_neg = _check_counts(ct_pos, n_pos, ct_neg, n_neg)
     alpha = _check_level("alpha", alpha)
