@@ -104,15 +104,13 @@ def main_(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     args = [(name, mode, runs, val_runs, a.out, a.data_root, a.seed, a.alpha)
             for name, mode in todo]
-    if a.jobs == 1 or len(todo) == 1:
-        for one in args:
-            print(audit(*one), flush=True)
-        return 0
-    # Spawned, not forked: a forked torch may hang in its thread pool. The lines in the order
-    # of the audits, each as soon as it and those before it are done.
-    with ProcessPoolExecutor(min(a.jobs, len(todo)), multiprocessing.get_context("spawn"),
-                             initializer=torch.set_num_threads, initargs=(1,)) as pool:
-        for line in pool.map(audit, *zip(*args)):
+    # Side by side in spawned processes, not forked: a forked torch may hang in its thread
+    # pool. The lines in the order of the audits, each once it and those before it are done.
+    pool = (None if a.jobs == 1 or len(todo) == 1 else
+            ProcessPoolExecutor(min(a.jobs, len(todo)), multiprocessing.get_context("spawn"),
+                                initializer=torch.set_num_threads, initargs=(1,)))
+    with pool or contextlib.nullcontext():
+        for line in (pool.map if pool else map)(audit, *zip(*args)):
             print(line, flush=True)
     return 0
 

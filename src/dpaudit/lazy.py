@@ -16,9 +16,10 @@ def lazy_attributes(namespace: dict, where: dict[str, str],
                     submodules: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
     """``__getattr__`` and ``__dir__`` for the package whose ``globals()`` is ``namespace``:
     the name ``n`` of ``where`` is imported from its submodule ``where[n]`` when first
-    read, and each of ``submodules`` when read as an attribute (as an eager ``__init__``
-    would have set it)."""
+    read, and each submodule of ``where`` or ``submodules`` when read as an attribute (as
+    an eager ``__init__`` would have set it)."""
     package = namespace["__name__"]
+    submodules = {*where.values(), *submodules}
 
     def __getattr__(name: str):
         if name in submodules:

@@ -33,6 +33,4 @@ _WHERE = {
     **dict.fromkeys(("grad_norms", "logits", "losses"), "wide"),
 }
 __all__ = list(_WHERE)
-__getattr__, __dir__ = lazy_attributes(globals(), _WHERE, (
-    "gradient_canaries", "memory", "model", "philox", "precision", "sampling", "spec",
-    "training", "wide"))
+__getattr__, __dir__ = lazy_attributes(globals(), _WHERE, ("philox",))

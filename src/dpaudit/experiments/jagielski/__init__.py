@@ -55,7 +55,7 @@ _WHERE = {**dict.fromkeys(("POOL_SIZE", "TASK_ARRAYS", "Task", "cifar_task", "fm
                            "make_task"), "tasks"),
           **dict.fromkeys(("YEOM_POINTS", "model_seeds", "run_group", "score_models", "sides",
                            "trainer_digest"), "training")}
-__getattr__, __dir__ = lazy_attributes(globals(), _WHERE, ("tasks", "training"))
+__getattr__, __dir__ = lazy_attributes(globals(), _WHERE)
 
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS",
            "MADE_WITH_KEYS", "TASK_ARRAYS", "POOL_SIZE", "YEOM_POINTS", "Task", "make_task",
