@@ -22,7 +22,7 @@ from ..io import BadInputFile, DataNotFound
 
 #: Subcommand modules, in help order.
 COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
-            "abadi", "report", "tight", "shuffle")
+            "abadi", "report", "tight", "shuffle", "opacus_check")
 
 
 def spec_arg(text: str) -> dict:
@@ -125,6 +125,7 @@ COMMAND_MODULES = {
     "abadi-plot": "abadi", "md-html": "report",
     "tight-whitebox-audit": "tight", "tight-blackbox-audit": "tight", "tight-table": "tight",
     "tight-plot": "tight", "shuffle-audit": "shuffle", "shuffle-plot": "shuffle",
+    "opacus-check": "opacus_check",
 }
 
 
@@ -151,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     missing = _missing_folders(args)
     try:
-        args.func(args)
+        # A command may return its exit status (opacus-check: 1 on findings).
+        status = args.func(args)
     except SpecError as exc:
         print(f"dpaudit {args.command}: config error: {exc}", file=sys.stderr)
         return 2
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     for folder in dict.fromkeys(missing):  # made for an output: say so
         if folder.is_dir():
             print(f"dpaudit {args.command}: created folder {folder}", file=sys.stderr)
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
