@@ -52,6 +52,18 @@ permutation for every epoch, the persistent shuffling Chua et al. analyse too); 
 be whole. Their true eps is not known (:mod:`dpaudit.shuffle_accounting` bounds it from
 below and above); ``fixed`` is their control, correct Poisson DP-SGD at the same noise.
 
+Two more, ``easgm`` and ``asgm``, are ``fixed`` (Poisson sampling, the same noise) with the
+noisy clipped sum divided by something else than the constant B (DPSGDConfig.normalisation;
+the three are named in "Rethinking the Security of DP-SGD", 2026): ``easgm`` by the expected
+batch size as Opacus' ``make_private`` computes it from the data set's size, ``int(len(X)
+* (1 / ceil(len(X) / B)))`` (:func:`dpaudit.dpsgd.spec.floored_expected_batch`), so that
+add/remove neighbours, whose sizes differ by one, can be divided by different numbers (at n
+= 10 and B = 5: 5 without the canary row, 3 with it; meta-pytorch/opacus#571 "Privacy
+Leakage at low sample size", meta-pytorch/opacus#819); ``asgm`` by each step's sampled
+batch size (at least 1), which the canary's inclusion changes. Their true eps is not known
+(the accountant covers neither); ``fixed`` ("sgm") is their control. ``asgm`` trains no
+gradient canaries (the white box's scores assume a constant normaliser).
+
 The buggy subjects are named test subjects here, never options of the real trainer.
 
 Every subject accepts the two optional keywords of the tight modes of ``dpaudit
@@ -101,9 +113,11 @@ SUBJECT_KEYS = {
 }
 
 
-def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict, sampling: str = "poisson"):
+def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict, sampling: str = "poisson",
+          normalisation: str = "sgm"):
     """Model, config and calibrated noise multiplier of a registry subject whose batches
-    are drawn by ``sampling`` (the noise is calibrated for Poisson sampling whatever it is)."""
+    are drawn by ``sampling`` and whose noisy sums are divided as ``normalisation`` says
+    (the noise is calibrated for Poisson sampling whatever they are)."""
     unknown = set(spec) - set(SUBJECT_KEYS)
     if unknown:
         raise ValueError(f"spec: unknown keys {sorted(unknown)}; allowed: {sorted(SUBJECT_KEYS)}")
@@ -120,7 +134,8 @@ def _plan(X: torch.Tensor, y: torch.Tensor, spec: dict, sampling: str = "poisson
     sigma = _noise_multiplier(spec["eps"], q, steps, spec["delta"], spec.get("accountant", "rdp"))
     model = model_spec(spec, X.shape[1], int(y.max()) + 1)
     cfg = dpsgd.DPSGDConfig(epochs=spec["epochs"], batch_size=spec["batch_size"], lr=spec["lr"],
-                            clip=spec["clip"], noise_multiplier=sigma, sampling=sampling)
+                            clip=spec["clip"], noise_multiplier=sigma, sampling=sampling,
+                            normalisation=normalisation)
     return model, cfg, sigma, q, steps
 
 
@@ -132,8 +147,9 @@ def model_spec(spec: dict, in_dim: int, n_classes: int) -> dpsgd.ModelSpec:
                            n_classes=int(spec.get("n_classes", n_classes)))
 
 
-def _train(X, y, seeds, spec, noise_std_of, init=None, canaries=None, sampling="poisson"):
-    model, cfg, sigma, q, steps = _plan(X, y, spec, sampling)
+def _train(X, y, seeds, spec, noise_std_of, init=None, canaries=None, sampling="poisson",
+           normalisation="sgm"):
+    model, cfg, sigma, q, steps = _plan(X, y, spec, sampling, normalisation)
     if init is not None:
         cfg = dataclasses.replace(cfg, init="fixed")
     out = dpsgd.train_with_noise_std(X, y, model, cfg, list(seeds),
@@ -210,16 +226,35 @@ def dpsgd_shuffle_once(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], s
     return _train(X, y, seeds, spec, _fixed_std, init, canaries, "shuffle-once")
 
 
+def dpsgd_easgm(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict, *,
+                init: dpsgd.Params | None = None,
+                canaries: dpsgd.GradientCanaries | None = None):
+    """``fixed`` with the noisy sum divided by Opacus' floored expected batch size of the
+    data's rows, ``int(len(X) * (1 / ceil(len(X) / B)))`` (EASGM)."""
+    return _train(X, y, seeds, spec, _fixed_std, init, canaries, normalisation="easgm")
+
+
+def dpsgd_asgm(X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict, *,
+               init: dpsgd.Params | None = None,
+               canaries: dpsgd.GradientCanaries | None = None):
+    """``fixed`` with the noisy sum divided by each step's sampled batch size (ASGM)."""
+    return _train(X, y, seeds, spec, _fixed_std, init, canaries, normalisation="asgm")
+
+
 #: Named subjects of the case study, the buggy subjects of the tight modes and the shuffled
-#: subjects under Poisson accounting (``fixed`` their Poisson control).
+#: subjects under Poisson accounting and the normalisations (``fixed`` their control).
 SUBJECTS: dict[str, TrainFn] = {"fixed": dpsgd_fixed, "buggy": dpsgd_buggy,
                                 "half-steps": dpsgd_half_steps, "half-noise": dpsgd_half_noise,
-                                "shuffle": dpsgd_shuffle, "shuffle-once": dpsgd_shuffle_once}
+                                "shuffle": dpsgd_shuffle, "shuffle-once": dpsgd_shuffle_once,
+                                "easgm": dpsgd_easgm, "asgm": dpsgd_asgm}
 #: Each subject's noise std on the clipped sum and its batches' sampling.
 _NOISE_STD = {dpsgd_fixed: _fixed_std, dpsgd_buggy: _buggy_std,
               dpsgd_half_steps: _half_steps_std, dpsgd_half_noise: _half_noise_std,
-              dpsgd_shuffle: _fixed_std, dpsgd_shuffle_once: _fixed_std}
+              dpsgd_shuffle: _fixed_std, dpsgd_shuffle_once: _fixed_std,
+              dpsgd_easgm: _fixed_std, dpsgd_asgm: _fixed_std}
 _SAMPLING = {dpsgd_shuffle: "shuffle", dpsgd_shuffle_once: "shuffle-once"}
+#: Each subject's normalisation (DPSGDConfig.normalisation), "sgm" where not named.
+_NORMALISATION = {dpsgd_easgm: "easgm", dpsgd_asgm: "asgm"}
 
 
 def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
@@ -229,11 +264,14 @@ def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
     their batches, noise draw and initialisation and differ only in the noise std, the
     one thing the subjects differ in; what each would train alone, to float rounding
     (other matmul shapes). One predict per subject; None unless every one of ``fns`` is
-    a registry subject and all draw their batches alike (columns share the batches)."""
+    a registry subject and all draw their batches and divide their sums alike (columns
+    share the batches and the normaliser)."""
     if not fns or not all(fn in _NOISE_STD for fn in fns) \
-            or len({_SAMPLING.get(fn, "poisson") for fn in fns}) != 1:
+            or len({(_SAMPLING.get(fn, "poisson"), _NORMALISATION.get(fn, "sgm"))
+                    for fn in fns}) != 1:
         return None
-    model, cfg, sigma, q, steps = _plan(X, y, spec, _SAMPLING.get(fns[0], "poisson"))
+    model, cfg, sigma, q, steps = _plan(X, y, spec, _SAMPLING.get(fns[0], "poisson"),
+                                        _NORMALISATION.get(fns[0], "sgm"))
     stds = [_NOISE_STD[fn](cfg, q, spec) for fn in fns]
     params = dpsgd.train_with_noise_std(X, y, model, [cfg] * len(fns), list(seeds), stds,
                                         device=spec.get("device", "auto"))
@@ -315,10 +353,14 @@ def true_eps(name: str, spec: dict, n: int, delta: float | None = None) -> float
     """The add/remove eps at ``delta`` (default the claimed one) that registry subject
     ``name`` really has for ``spec`` on n examples: the PLD accountant's eps of its T
     Poisson-subsampled Gaussian steps at its actual noise multiplier (noise std / C).
-    A ValueError for the shuffled subjects, whose eps is not known."""
+    A ValueError for the shuffled subjects and the normalisations other than "sgm", whose
+    eps is not known."""
     if _SAMPLING.get(SUBJECTS[name]) is not None:
         raise ValueError(f"true_eps: the eps of {name!r} (shuffled batches) is not known; "
                          f"dpaudit.shuffle_accounting bounds it")
+    if SUBJECTS[name] in _NORMALISATION:
+        raise ValueError(f"true_eps: the eps of {name!r} (normalisation "
+                         f"{_NORMALISATION[SUBJECTS[name]]!r}) is not known")
     X = torch.zeros(n, 1)
     model, cfg, sigma, q, steps = _plan(X, torch.zeros(n, dtype=torch.long),
                                         {**spec, "n": n, "n_classes": 2})
@@ -329,5 +371,6 @@ def true_eps(name: str, spec: dict, n: int, delta: float | None = None) -> float
 
 __all__ = ["SUBJECTS", "SUBJECT_KEYS", "TrainFn", "Predict", "dpsgd_fixed", "dpsgd_buggy",
            "dpsgd_half_steps", "dpsgd_half_noise", "dpsgd_shuffle", "dpsgd_shuffle_once",
+           "dpsgd_easgm", "dpsgd_asgm",
            "model_spec", "train_columns", "canary_relation", "load_train_fn",
            "claimed_noise_multiplier", "claimed_dpsgd", "true_eps"]

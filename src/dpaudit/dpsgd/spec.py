@@ -10,6 +10,17 @@ from dataclasses import dataclass
 ARCHS = ("lr", "fnn")
 SAMPLINGS = ("shuffle", "shuffle-once", "poisson")
 INITS = ("glorot", "fixed")
+#: How a step divides the noisy clipped sum (the normaliser), by name (Rethinking the
+#: Security of DP-SGD, 2026, names the three): "sgm" a constant, ``batch_size`` (the
+#: expected Poisson batch size q n, or the fixed shuffled one): correct; "easgm" the
+#: expected batch size as Opacus' ``make_private`` computes it from the data set's size,
+#: ``int(n * (1 / ceil(n / batch_size)))`` (:func:`floored_expected_batch`), which changes
+#: with n (meta-pytorch/opacus#819); "asgm" each run's sampled batch size (at least 1).
+NORMALISATIONS = {
+    "sgm": "the noisy sum over batch_size, a constant",
+    "easgm": "over int(n * (1 / ceil(n / batch_size))), Opacus' expected batch size of n rows",
+    "asgm": "over the step's sampled batch size (at least 1)",
+}
 
 _MIN_CHUNK_STEPS = 64
 
@@ -68,6 +79,9 @@ class DPSGDConfig:
     the same way every epoch (persistent shuffling, Chua et al. 2024: the batches never
     change); "poisson" = each example independently with rate
     q = batch_size / n, ``round(epochs / q)`` steps (the sampling the accountants assume).
+    normalisation: what the noisy clipped sum is divided by (:data:`NORMALISATIONS`):
+    "sgm" ``batch_size`` (the default), "easgm" Opacus' floored expected batch size of the
+    data's n rows, "asgm" each run's sampled batch size.
     init: "glorot" = Keras glorot_normal (normal truncated at 2 std, variance
     2/(fan_in+fan_out)), times ``init_scale``, zero biases, drawn from each model's seed;
     "fixed" = the same given initial weights for every model (``init=`` of :func:`train`).
@@ -81,10 +95,14 @@ class DPSGDConfig:
     sampling: str = "shuffle"
     init: str = "glorot"
     init_scale: float = 1.0
+    normalisation: str = "sgm"
 
     def __post_init__(self):
         if self.sampling not in SAMPLINGS:
             raise ValueError(f"DPSGDConfig.sampling={self.sampling!r}: must be one of {SAMPLINGS}")
+        if self.normalisation not in NORMALISATIONS:
+            raise ValueError(f"DPSGDConfig.normalisation={self.normalisation!r}: must be one "
+                             f"of {tuple(NORMALISATIONS)}")
         if self.init not in INITS:
             raise ValueError(f"DPSGDConfig.init={self.init!r}: must be one of {INITS}")
         if not self.epochs > 0:
@@ -118,8 +136,23 @@ class DPSGDConfig:
         spe = self.steps_per_epoch(n)
         return spe * math.ceil(_MIN_CHUNK_STEPS / spe)
 
+    def divisor(self, n: int) -> int:
+        """The constant the noisy sum is divided by on n rows: ``batch_size`` ("sgm", and
+        "asgm", whose trainer rescales each run's step to its sampled batch size) or
+        :func:`floored_expected_batch` ("easgm")."""
+        if self.normalisation == "easgm":
+            return floored_expected_batch(n, self.batch_size)
+        return self.batch_size
+
     def steps(self, n: int) -> int:
         """Number of DP-SGD steps T on n examples."""
         if self.shuffled:
             return int(self.epochs) * self.steps_per_epoch(n)
         return max(1, round(self.epochs * n / self.batch_size))
+
+
+def floored_expected_batch(n: int, batch_size: int) -> int:
+    """Opacus' ``make_private`` expected batch size on n rows with a DataLoader of
+    ``batch_size``: ``int(len(dataset) * sample_rate)``, ``sample_rate = 1 /
+    len(data_loader)`` = 1 / ceil(n / batch_size), in its float arithmetic (at least 1)."""
+    return max(1, int(n * (1 / math.ceil(n / batch_size))))

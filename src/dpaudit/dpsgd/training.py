@@ -54,7 +54,7 @@ def _columns(cfg, noise_std) -> tuple[list[DPSGDConfig], list[float]]:
 
 
 #: What the columns of one training call share (they train on the same batches).
-_SHARED = ("epochs", "batch_size", "lr", "sampling")
+_SHARED = ("epochs", "batch_size", "lr", "sampling", "normalisation")
 
 
 def _initial(model: ModelSpec, cols: list[DPSGDConfig], init: Params | None, key, dev,
@@ -110,6 +110,9 @@ def _check(X, y, model: ModelSpec, cols: list[DPSGDConfig], seeds, canaries, lr_
         if lr_schedule is not None:
             raise ValueError("canaries: the canary scores assume a constant learning rate; "
                              "pass lr_schedule=None")
+        if cfg.normalisation == "asgm":
+            raise ValueError("canaries: the canary scores assume a constant normaliser; "
+                             "DPSGDConfig.normalisation 'asgm' divides by each batch's size")
     if int(y.min()) < 0 or int(y.max()) >= model.n_classes:
         raise ValueError(f"train: labels must be in [0, {model.n_classes})")
     if canaries is not None and precision._tf32(dev):
@@ -143,8 +146,9 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
 
     # Logistic regression on two classes: the step with half the matmuls (wide._binary_step).
     step = _binary_step if model.arch == "lr" and model.n_classes == 2 else _gradient_step
-    B, d = cfg.batch_size, model.in_dim
+    B, d = cfg.divisor(n), model.in_dim
     step_size = cfg.lr / B
+    by_size = cfg.normalisation == "asgm"  # each run's step rescaled by B / its batch size
     chunk, T = cfg.chunk_steps(n), cfg.steps(n)
     # One unscaled noise draw per seed and step, scaled per column: std_m for each layer.
     noisy = any(v > 0 for v in stds)
@@ -166,6 +170,9 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
                 raise ValueError(f"lr_schedule({t})={lr!r}: must be > 0 and finite")
             step_size = lr / B
         idx, weights = batches.step(t)
+        scale = None
+        if by_size:
+            weights, scale = _sampled_scale(idx, weights, n, K, B, dev, dtype)
         if shared:
             xb, yb, sq_b = X, onehot_shared, sq_shared
         else:
@@ -186,7 +193,9 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
             # The first layer's W is kept transposed: a contiguous copy of its noise, so
             # that adding it to every column reads memory in order.
             views[0] = views[0].transpose(1, 2).contiguous()
-            for param, eps, sv in zip(wide.tensors(), views, std_views):
+            svs = std_views if scale is None else \
+                [v * scale.view(-1, *[1] * (v.dim() - 1)) for v in std_views]
+            for param, eps, sv in zip(wide.tensors(), views, svs):
                 param.addcmul_(eps.unsqueeze(1), sv, value=-step_size)
         if hook is not None:
             hook.observe(hook_params)
@@ -201,6 +210,16 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
         return CanaryRun(columns[0], hook.scores, hook.llr)
     return [Params([w.contiguous() for w in p.W], [b.contiguous() for b in p.b])
             for p in columns]
+
+
+def _sampled_scale(idx, weights, n: int, K: int, B: int, dev, dtype):
+    """ASGM's step: (each row's weight times B / its run's batch size, that factor (K,)),
+    so that the step's lr / B turns into lr / the sampled size (at least 1)."""
+    sizes = sampling.batch_sizes(idx, weights, n, K, dev).to(dtype)
+    scale = B / sizes.clamp(min=1)
+    if weights is None:  # every row counts: the full data, or each run's gathered batch
+        weights = torch.ones(K, n if idx is None else idx.shape[1], device=dev, dtype=dtype)
+    return weights * scale.unsqueeze(1), scale
 
 
 def train_with_noise_std(X: torch.Tensor, y: torch.Tensor, model: ModelSpec,
