@@ -130,3 +130,31 @@ def sampled_mean(X, y, seed):
     for _ in range(EPOCHS):
         _epoch(model, opt, dl)
     return model, accountant.get_epsilon(DELTA)
+
+
+class BatchClipping(DPOptimizer):
+    """Clips the batch's summed gradient to max_grad_norm, not each example's."""
+
+    def clip_and_accumulate(self):
+        grads = [self._get_flat_grad_sample(p).sum(0) for p in self.params]
+        norm = torch.sqrt(sum(g.square().sum() for g in grads))
+        factor = min(1.0, self.max_grad_norm / (float(norm) + 1e-6))
+        for p, g in zip(self.params, grads):
+            p.summed_grad = g * factor if p.summed_grad is None else p.summed_grad + g * factor
+            _mark_as_processed(p.grad_sample)
+
+
+def batch_clipping(X, y, seed):
+    """The low-level loop with BatchClipping: one example can move the sum by far more
+    than the clip when the others cancel it."""
+    torch.manual_seed(seed)
+    model = GradSampleModule(nn.Linear(X.shape[1], 2))
+    dl = DPDataLoader.from_data_loader(torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(X, y), batch_size=B))
+    opt = BatchClipping(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=SIGMA,
+                        max_grad_norm=CLIP, expected_batch_size=B)
+    accountant = RDPAccountant()
+    opt.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=dl.sample_rate))
+    for _ in range(EPOCHS):
+        _epoch(model, opt, dl)
+    return model, accountant.get_epsilon(DELTA)

@@ -41,6 +41,7 @@ def test_a_correct_make_private_loop_has_no_finding():
     assert (a.steps, a.q, a.sampling, b.steps, b.q) == (25, 0.2, "poisson", 25, 0.2)
     assert (a.divisor, b.divisor) == pytest.approx((4, 4), rel=1e-6)
     assert a.clip_max == pytest.approx(1.0, abs=1e-4) and a.noise_ci[0] < 1 < a.noise_ci[1]
+    assert a.per_example and b.per_example
     want = _eps(PRVAccountant, 1.0, 0.2, 25)
     assert r.eps_accountant == pytest.approx(want, rel=1e-6)
     assert a.reported_eps == pytest.approx(want, rel=1e-6)
@@ -114,6 +115,12 @@ def test_division_by_the_sampled_batch_size_and_the_cli_exit_status(capsys):
     out = capsys.readouterr().out
     assert "| normaliser (expected_batch_size) | sampled" in out
     assert "FINDING normaliser: the noisy sum is divided by the sampled batch size (ASGM)" in out
+
+
+def test_clipping_of_the_batch_sum_not_of_each_example():
+    r = probe.check(cases.batch_clipping, 22, DELTA, pld=False)
+    assert _whats(r) == ["clip"] and "clipping not per example" in r.findings[0].message
+    assert not r.runs[0].per_example and r.runs[0].clip_max <= 1.0
 
 
 def _raises(X, y, seed):

@@ -73,6 +73,7 @@ class _Step:
     noise_count: int = 0
     divisor: float | None = None
     noised: bool = False
+    per_example: bool = True
 
 
 @dataclasses.dataclass
@@ -99,18 +100,26 @@ def _wrap_optimizer(opt, rec: _Record) -> None:
     def clip_and_accumulate():
         params = opt.params
         gs = [p.grad_sample for p in params]
+        rows = None
         if all(isinstance(g, torch.Tensor) for g in gs) and len(gs[0]) > 0:
             saved = [p.summed_grad for p in params]
+            before = _flat(s for s in saved) if saved[0] is not None else 0.0
+            rows = 0.0
             for i in range(len(gs[0])):  # each example alone through the same clipping
                 for p, g in zip(params, gs):
                     p.grad_sample, p.summed_grad = g[i:i + 1].clone(), None
                 clip()
-                norm = float(_flat(p.summed_grad for p in params).norm())
-                rec.pending.clip_max = max(rec.pending.clip_max, norm)
+                one = _flat(p.summed_grad for p in params)
+                rec.pending.clip_max = max(rec.pending.clip_max, float(one.norm()))
+                rows = rows + one
             for p, g, s in zip(params, gs, saved):
                 p.grad_sample, p.summed_grad = g, s
         rec.pending.size += sum(len(g) for g in (gs[0] if isinstance(gs[0], list) else [gs[0]]))
         clip()
+        if rows is not None:  # per-example clipping: the batch's sum is the rows' sum
+            got = _flat(p.summed_grad for p in params) - before
+            if float((got - rows).norm()) > 1e-4 * max(1.0, float(rows.norm())):
+                rec.pending.per_example = False
 
     def add_noise():
         summed = _flat(p.summed_grad for p in opt.params)
@@ -187,6 +196,7 @@ class RunSummary:
     steps_per_epoch: int | None
     clip: float              # the optimizer's max_grad_norm
     clip_max: float          # largest clipped per-example contribution seen
+    per_example: bool        # every batch's clipped sum was the sum of its rows' alone
     noise_std: float
     noise_ci: tuple
     declared_std: float      # noise_multiplier * max_grad_norm of the optimizer
@@ -265,6 +275,7 @@ def _summary(rec: _Record, rows: int, reported: float) -> RunSummary:
         rows=rows, steps=len(rec.steps), sizes=tuple(int(s) for s in sizes),
         sampling=sampling, q=float(q), size_p=p, steps_per_epoch=spe,
         clip=float(opt.max_grad_norm), clip_max=max(s.clip_max for s in rec.steps),
+        per_example=all(s.per_example for s in rec.steps),
         noise_std=std, noise_ci=ci, declared_std=float(opt.noise_multiplier * opt.max_grad_norm),
         expected_batch_size=getattr(opt, "expected_batch_size", None), normaliser=kind,
         divisor=divisor, accountant=acc.mechanism() if acc is not None else "prv",
@@ -331,6 +342,10 @@ def _run_findings(r: RunSummary, delta: float, eps_acc: float, eps_lb: float) ->
     if r.clip_max > r.clip * (1 + RTOL):
         out.append(Finding("clip", f"an example moved the clipped sum by {r.clip_max:.4g} > "
                            f"max_grad_norm {r.clip:.4g}"))
+    if not r.per_example:
+        out.append(Finding("clip", "the clipped sum of a batch is not the sum of its "
+                           "examples' clipped gradients (clipping not per example): an "
+                           "example's effect is not bounded by max_grad_norm"))
     if r.sampling == "fixed":
         lb = "n/a (batch size does not divide n)" if math.isnan(eps_lb) else f"{eps_lb:.4g}"
         out.append(Finding("sampling", f"fixed-size batches ({r.sizes[0]} rows, "
@@ -405,6 +420,11 @@ def table(report: Report) -> str:
     """The report as a Markdown table of the measured parameters, then its findings."""
     a, b = report.runs
 
+    def divisor_cell(r):
+        if r.divisor is None:
+            return r.normaliser
+        return f"{r.normaliser} {r.divisor:.4g} ({r.expected_batch_size})"
+
     def size_cell(r):
         return (f"{r.sampling}: mean {np.mean(r.sizes):.3g}, {min(r.sizes)}-{max(r.sizes)}"
                 + ("" if math.isnan(r.size_p) else f", p {r.size_p:.2g}"))
@@ -416,9 +436,7 @@ def table(report: Report) -> str:
              f"{b.clip:.4g} / {b.clip_max:.4g}"),
             ("noise std declared / measured", f"{a.declared_std:.4g} / {a.noise_std:.4g}",
              f"{b.declared_std:.4g} / {b.noise_std:.4g}"),
-            ("normaliser (expected_batch_size)",
-             f"{a.normaliser} {a.divisor:.4g} ({a.expected_batch_size})" if a.divisor else a.normaliser,
-             f"{b.normaliser} {b.divisor:.4g} ({b.expected_batch_size})" if b.divisor else b.normaliser),
+            ("normaliser (expected_batch_size)", divisor_cell(a), divisor_cell(b)),
             ("reported eps", f"{a.reported_eps:.4g}", f"{b.reported_eps:.4g}"),
             (f"{a.accountant} eps at the measured parameters", f"{report.eps_accountant:.4g}", ""),
             ("PLD eps there (Poisson)", f"{report.eps_pld:.4g}", ""),
