@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 pytest.importorskip("opacus")
 
@@ -35,7 +36,9 @@ def _whats(report):
 def test_a_correct_make_private_loop_has_no_finding():
     """n = 22, B = 5: len(loader) = 5 on 22 and 23 rows, so q = 0.2, 25 steps and the
     divisor int(22 * 0.2) = int(23 * 0.2) = 4 on both; PRV eps at them is the report."""
+    state = torch.random.get_rng_state()
     r = probe.check(cases.correct, 22, DELTA)
+    assert torch.equal(state, torch.random.get_rng_state())  # the caller's generator kept
     assert r.findings == () and r.status == probe.EXIT_CONSISTENT
     a, b = r.runs
     assert (a.steps, a.q, a.sampling, b.steps, b.q) == (25, 0.2, "poisson", 25, 0.2)
@@ -131,7 +134,12 @@ def _no_optimizer(X, y, seed):
     return None, 1.0
 
 
+def _bad_eps(X, y, seed):
+    return None, "eps"
+
+
 @pytest.mark.parametrize("argv, line", [
+    (["--train", "test_opacus_probe:_bad_eps"], "reported_eps='eps': must be a finite"),
     (["--train", "fixed"], "--train 'fixed': a registry subject of audit-impl"),
     (["--train", "no_such_module_x:f"], "cannot import module 'no_such_module_x'"),
     (["--train", "test_opacus_probe:_raises"], "raised RuntimeError: no data loader"),

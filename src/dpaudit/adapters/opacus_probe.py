@@ -286,16 +286,19 @@ def probe(train: Callable, X: torch.Tensor, y: torch.Tensor, seed: int) -> RunSu
     """One instrumented call ``train(X, y, seed)``: its measured parameters. A ValueError
     where it does not return ``(model, reported_eps)`` with a number >= 0, or takes no
     DPOptimizer step."""
-    with instrumented() as rec, warnings.catch_warnings():
+    with instrumented() as rec, warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         # Opacus' per-example hooks make torch warn on every backward pass.
         warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
         out = train(X, y, seed)
     if not (isinstance(out, tuple) and len(out) == 2):
         raise ValueError(f"train must return (model, reported_eps); got {type(out).__name__}")
-    eps = out[1]
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
-        raise ValueError(f"train: reported_eps={eps!r}: must be a finite number >= 0")
-    return _summary(rec, len(X), float(eps))
+    try:  # a Python, numpy or 0-d torch number
+        eps = None if isinstance(out[1], bool) else float(out[1])
+    except (TypeError, ValueError, RuntimeError):
+        eps = None
+    if eps is None or not 0 <= eps < math.inf:
+        raise ValueError(f"train: reported_eps={out[1]!r}: must be a finite number >= 0")
+    return _summary(rec, len(X), eps)
 
 
 def opacus_epsilon(mechanism: str, sigma: float, q: float, steps: int, delta: float) -> float:
