@@ -419,6 +419,10 @@ def check(train: Callable, n: int, delta: float, *, dim: int = 10, classes: int 
     return Report(delta, runs, eps_acc, eps_pld, eps_lb, tuple(findings))
 
 
+def _num(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.4g}"
+
+
 def table(report: Report) -> str:
     """The report as a Markdown table of the measured parameters, then its findings."""
     a, b = report.runs
@@ -442,8 +446,8 @@ def table(report: Report) -> str:
             ("normaliser (expected_batch_size)", divisor_cell(a), divisor_cell(b)),
             ("reported eps", f"{a.reported_eps:.4g}", f"{b.reported_eps:.4g}"),
             (f"{a.accountant} eps at the measured parameters", f"{report.eps_accountant:.4g}", ""),
-            ("PLD eps there (Poisson)", f"{report.eps_pld:.4g}", ""),
-            ("Chua et al. lower bound (fixed batches)", f"{report.eps_shuffle_lb:.4g}", "")]
+            ("PLD eps there (Poisson)", _num(report.eps_pld), ""),
+            ("Chua et al. lower bound (fixed batches)", _num(report.eps_shuffle_lb), "")]
     lines = ["| measured | n | n + 1 |", "|---|---|---|"]
     lines += [f"| {k} | {u} | {v} |" for k, u, v in rows]
     lines.append("")
