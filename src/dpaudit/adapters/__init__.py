@@ -2,4 +2,6 @@
 ``audit-impl`` contract (:mod:`dpaudit.subjects`), in every mode of the audit.
 
 - :mod:`.opacus`  Opacus (Yousefpour et al. 2021): :class:`~.opacus.OpacusTrainer`
+- :mod:`.opacus_probe`  a user's own Opacus training run as it is, its parameters measured
+  on n and n + 1 rows against the epsilon it reports (``dpaudit opacus-check``)
 """
