@@ -81,7 +81,7 @@ def soundness(args) -> None:
         mechs.append((f"Gaussian mu {mu} (eps {bounds.eps_from_mu(mu, args.delta):.2f} at "
                       f"delta {args.delta:g})", stats.norm.sf(t - mu), stats.norm.sf(t),
                       bounds.eps_from_mu(mu, args.delta), args.delta,
-                      bounds.delta_from_mu(mu, GRID)))
+                      np.array([bounds.delta_from_mu(mu, e) for e in GRID])))
     for eps in (0.5, 1.0, 2.0):
         p = math.exp(eps) / (1 + math.exp(eps))
         mechs.append((f"randomized response eps {eps}", p, 1 - p, eps, 0.0, None))

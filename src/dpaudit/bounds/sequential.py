@@ -135,8 +135,11 @@ def running_confidence_sequence(hits, alpha: float, n_opt: float = N_OPT):
     along the last axis): :func:`bernoulli_confidence_sequence` of the running counts, intersected with
     every earlier look (the largest ``lo`` and smallest ``hi`` so far), which holds on the
     same event. Entry ``i`` uses trials ``0..i``."""
-    h = np.asarray(hits) if isinstance(hits, np.ndarray) else hits
-    h = _whole("hits", h.astype(np.int8) if getattr(h, "dtype", None) == bool else h)
+    try:
+        as_bool = np.asarray(hits).dtype == bool
+    except (TypeError, ValueError):  # ragged: _whole says so
+        as_bool = False
+    h = _whole("hits", np.asarray(hits, np.int8) if as_bool else hits)
     if h.ndim < 1 or np.any((h != 0) & (h != 1)):
         raise ValueError(f"hits (shape {h.shape}): must be an array of 0/1 outcomes, trials "
                          f"along the last axis")
