@@ -219,12 +219,12 @@ def main() -> None:
     parser.add_argument("--val-runs", type=int, default=500)
     parser.add_argument("--fixed-runs", type=int, default=1000)
     parser.add_argument("--max-runs", type=int, nargs="+", default=[1000, 1300])
-    parser.add_argument("--shifts", type=float, nargs="+", default=[1.0, 1.5, 2.0, 3.1],
+    parser.add_argument("--shifts", type=float, nargs="+", default=[0.8, 0.9, 1.0, 1.5, 3.1],
                         help="cost: Gaussian shifts mu (black-box stand-ins; 3.1: Opacus "
                              "noise_on_mean)")
     args = parser.parse_args()
     if args.reps is None:
-        args.reps = 1000 if args.study == "soundness" else 100
+        args.reps = 300 if args.study == "soundness" else 40
     start = time.time()
     (soundness if args.study == "soundness" else cost)(args)
     print(f"({time.time() - start:.0f} s)")
