@@ -212,10 +212,13 @@ class _Runs:
 
     def __init__(self, mu: float, seed: int = 0):
         self.mu, self.rng, self.calls = mu, np.random.default_rng(seed), []
+        self.scores = {"in": [], "out": []}
 
     def __call__(self, side, start, count):
         self.calls.append((side, start, count))
-        return self.rng.normal(self.mu if side == "in" else 0.0, 1.0, count)
+        out = self.rng.normal(self.mu if side == "in" else 0.0, 1.0, count)
+        self.scores[side].extend(out)
+        return out
 
 
 def _val(mu, n=300, seed=1):
@@ -236,8 +239,17 @@ def test_driver_stops_at_the_first_certified_violation():
     for side in driver.SIDES:
         mine = [(s, c) for sd, s, c in runs.calls if sd == side]
         assert [s for s, _ in mine] == list(np.cumsum([0] + [c for _, c in mine])[:-1])
-    # the row's bound is the running sequences' eps at its thresholds
+    # the row's bound is that of the running sequences (tuned to max_runs) at its threshold
+    hits = {side: np.array(runs.scores[side]) > row["threshold"] for side in driver.SIDES}
+    assert row["tpr_lo"] == bounds.running_confidence_sequence(hits["in"], 1e-10, 1300)[0][-1]
+    assert row["fpr_hi"] == bounds.running_confidence_sequence(hits["out"], 1e-10, 1300)[1][-1]
     assert row["eps_lb"] == bounds.eps_from_rate_bounds(row["tpr_lo"], row["fpr_hi"], 1e-5)
+    assert row["ct_pos"] == hits["in"].sum() and row["n_opt"] == 1300
+    # and the threshold is the validation runs' choice, as in the fixed audit
+    val_in, val_out = _val(3.1)
+    assert row["threshold"] == bounds.choose_threshold(
+        val_in, val_out, lambda *a: bounds.eps_lb_clopper_pearson(*a, delta=1e-5), 1e-10,
+        "youden").threshold
 
 
 def test_driver_on_a_correct_function_runs_to_max_runs():
@@ -271,6 +283,15 @@ def test_driver_refuses_bad_callback_output(bad, message):
     with pytest.raises(ValueError, match=message) as err:
         driver.sequential_audit(*_val(1.0), bad, 1.0, 1e-5)
     assert str(err.value).startswith("more('in', 0, 20)")
+
+
+def test_driver_refuses_bad_claims():
+    with pytest.raises(ValueError, match=r"^claimed_eps=-1"):
+        driver.sequential_audit(*_val(1.0), _Runs(1.0), -1, 1e-5)
+    with pytest.raises(ValueError, match=r"^delta=2"):
+        driver.sequential_audit(*_val(1.0), _Runs(1.0), 1.0, 2)
+    with pytest.raises(ValueError, match=r"^alpha=0"):
+        driver.sequential_audit(*_val(1.0), _Runs(1.0), 1.0, 1e-5, alpha=0)
 
 
 @pytest.mark.parametrize("field, value", [("first", 0), ("growth", 1.0), ("max_runs", 5),

@@ -50,6 +50,8 @@ The keys every module of the package cites.
   Jones. Bayesian Estimation of Differential Privacy. ICML 2023.
 - [HRMS21] Howard, Ramdas, McAuliffe, Sekhon. Time-uniform, nonparametric, nonasymptotic
   confidence sequences. Annals of Statistics 2021: the beta-binomial mixture.
+- [Rob70] Robbins. Statistical methods related to the law of the iterated logarithm.
+  Annals of Mathematical Statistics 1970: mixture martingales.
 - [CCN+22] Carlini, Chien, Nasr, Song, Terzis, Tramer. Membership Inference Attacks From
   First Principles. IEEE S&P 2022: attacks compared by TPR at low FPR.
 """

@@ -7,8 +7,9 @@ confidence sequence ([HRMS21]) is a sequence of intervals ``[lo_n, hi_n]`` that 
 true rate p at *every* n at once with probability at least ``1 - alpha``, so any stopping
 rule, data-dependent or a wall-clock budget, keeps the level.
 
-The construction: Robbins' conjugate beta-binomial mixture martingale ([HRMS21] Section 3,
-the ``bernoulli_confidence_interval`` of their ``confseq`` package). For a null rate p and
+The construction: Robbins' conjugate mixture martingale ([Rob70]) for Bernoulli trials, the
+beta-binomial mixture of [HRMS21] as their package ``confseq`` builds it in
+``bernoulli_confidence_interval`` (a prior centred at each null rate). For a null rate p and
 the prior ``Beta(c p, c (1 - p))`` (mean p, concentration c),
 
     M_n(p) = int (theta/p)^S ((1-theta)/(1-p))^(n-S) dBeta(theta)
@@ -23,9 +24,8 @@ likelihood ratios is at most the largest, at the maximum-likelihood rate: ``M_n(
 Its ends are found by bisection, returning the bracket end *outside* ``C_n``: never inside
 the true interval, so rounding can only widen it. The prior is fixed before the data (c
 depends only on ``n_opt`` and the level), which is all validity needs; c is the normal
-mixture's best precision for ``n_opt`` trials ([HRMS21] eq. (14), as ``confseq`` sets it),
-so the sequence is tightest near ``n_opt`` and pays about ``0.5 log(n/n_opt)`` of extra
-threshold elsewhere.
+mixture's best precision for ``n_opt`` trials (as ``confseq`` sets it), so the sequence is
+tightest near ``n_opt``.
 
 One rate per side of an audit: the TPR from below and the FPR from above, each end at
 ``alpha / 2`` (the two independent sides then hold together at ``1 - alpha``, as
@@ -58,7 +58,7 @@ N_OPT = 1000
 def mixture_concentration(n_opt: float, level: float) -> float:
     """The prior's concentration ``c = rho / (p (1 - p)) - 1`` with ``rho = n_opt p (1 - p) /
     (2 ln(1/a) + ln(1 + 2 ln(1/a)))``: the precision of the two-sided normal mixture that is
-    tightest at ``n_opt`` trials at level ``a`` ([HRMS21] eq. (14); ``confseq``'s
+    tightest at ``n_opt`` trials at level ``a`` ([HRMS21]; ``confseq``'s
     ``TwoSidedNormalMixture::best_rho``, floored at 1e-3 as there)."""
     n_opt = _number("n_opt", n_opt, "be a number >= 1 (trials)", lambda x: 1 <= x < math.inf)
     level = _check_level("level", level)

@@ -147,7 +147,11 @@ def sequential_audit(val_in, val_out, more: Callable, claimed_eps: float, delta:
     """
     val_in, val_out = bounds.scores_array("val_in", val_in), bounds.scores_array("val_out",
                                                                                  val_out)
-    alpha = float(alpha)
+    if isinstance(claimed_eps, bool) or not isinstance(claimed_eps, (int, float)) or not (
+            0 < claimed_eps < math.inf):
+        raise ValueError(f"claimed_eps={claimed_eps!r}: must be a number > 0 (the claim)")
+    if not isinstance(schedule, Schedule):
+        raise ValueError(f"schedule={schedule!r}: must be a Schedule")
     thresholds = _tests(val_in, val_out, delta, alpha, profile)
     n_opt = schedule.n_opt or schedule.max_runs
     scores = {side: np.empty(0) for side in SIDES}
@@ -175,7 +179,7 @@ def sequential_audit(val_in, val_out, more: Callable, claimed_eps: float, delta:
         raise ValueError(f"schedule.budget_s={schedule.budget_s!r}: ran out before one "
                          f"evaluation run of each side; nothing to audit")
     row = {k: v for k, v in state.items() if k not in ("message", "look")}
-    row.update(n_pos=row["runs_in"], n_neg=row["runs_out"], looks=state["look"],
+    row.update(n_pos=row["runs_in"], n_neg=row["runs_out"], looks=state["look"], n_opt=n_opt,
                stop_reason=stop or "max_runs", elapsed_s=clock() - start,
                mu_claimed=mu_claimed(claimed_eps, delta),
                verdict=verdict(row["eps_lb"], claimed_eps,
