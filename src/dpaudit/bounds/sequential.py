@@ -132,9 +132,9 @@ def bernoulli_confidence_sequence(ct, n, alpha: float, n_opt: float = N_OPT):
 
 def running_confidence_sequence(hits, alpha: float, n_opt: float = N_OPT):
     """``(lo, hi)`` after each trial of ``hits`` (0/1 or boolean outcomes in trial order
-    along the last axis): :func:`bernoulli_confidence_sequence` of the running counts, intersected with
-    every earlier look (the largest ``lo`` and smallest ``hi`` so far), which holds on the
-    same event. Entry ``i`` uses trials ``0..i``."""
+    along the last axis): :func:`bernoulli_confidence_sequence` of the running counts,
+    intersected with every earlier look (the largest ``lo`` and smallest ``hi`` so far),
+    which holds on the same event. Entry ``i`` uses trials ``0..i``."""
     try:
         as_bool = np.asarray(hits).dtype == bool
     except (TypeError, ValueError):  # ragged: _whole says so
