@@ -80,8 +80,8 @@ def test_mixture_is_the_beta_binomial_integral():
         prior = stats.beta(c * p, c * (1 - p))
         ratio = lambda t: (t / p) ** ct * ((1 - t) / (1 - p)) ** (n - ct) * prior.pdf(t)  # noqa
         ref = math.log(integrate.quad(ratio, 0, 1, limit=200, epsabs=0, epsrel=1e-11)[0])
-        f, df = seq._log_mixture(np.array([ct], float), np.array([n], float),
-                                 np.array([math.log(p)]), c)
+        f, df, _ = seq._log_mixture(np.array([ct], float), np.array([n], float),
+                                    np.array([math.log(p)]), c)
         assert f[0] == pytest.approx(ref, rel=1e-8, abs=1e-10)
         h = 1e-6
         fp = seq._log_mixture(np.array([ct], float), np.array([n], float),
@@ -89,6 +89,37 @@ def test_mixture_is_the_beta_binomial_integral():
         fm = seq._log_mixture(np.array([ct], float), np.array([n], float),
                               np.array([math.log(p) - h]), c)[0][0]
         assert df[0] == pytest.approx((fp - fm) / (2 * h), rel=1e-5, abs=1e-6)
+
+
+def test_ends_lie_outside_the_set_in_exact_arithmetic():
+    """At every size up to 2**53 trials (where log-gamma values reach 3e17 and their
+    rounding alone exceeds the threshold), each returned end, evaluated with mpmath at 50
+    digits, has ``log M_n >= ln(2/alpha)``: it lies outside the set, so it is a valid end."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    alpha, n_opt = 1e-10, 1000
+    c = mpmath.mpf(seq.mixture_concentration(n_opt, alpha / 2))
+    thr = mpmath.log(2 / mpmath.mpf(alpha))
+
+    def log_m(ct, n, p):
+        p = mpmath.mpf(p)
+        a, b = c * p, c * (1 - p)
+        return (mpmath.loggamma(a + ct) + mpmath.loggamma(b + n - ct) - mpmath.loggamma(a)
+                - mpmath.loggamma(b) - mpmath.loggamma(c + n) + mpmath.loggamma(c)
+                - ct * mpmath.log(p) - (n - ct) * mpmath.log(1 - p))
+
+    for ct, n in [(7, 50), (600, 1000), (10**6, 3 * 10**6), (10**11, 10**12),
+                  (2**52, 2**53), (2**53 - 5, 2**53), (3, 2**53)]:
+        lo, hi = bounds.bernoulli_confidence_sequence(ct, n, alpha, n_opt)
+        assert 0 <= lo < ct / n < hi <= 1
+        if lo > 0:
+            assert log_m(ct, n, lo) >= thr
+        if hi < 1:
+            assert log_m(ct, n, hi) >= thr
+    # and at moderate n the certification costs nothing visible
+    lo, hi = bounds.bernoulli_confidence_sequence(600, 1000, alpha, n_opt)
+    assert log_m(600, 1000, lo) - thr < 1e-6 and log_m(600, 1000, hi) - thr < 1e-6
 
 
 def test_the_set_is_an_interval_with_these_ends():
