@@ -21,8 +21,9 @@ Ville's inequality ``P_p[M_n(p) >= 1/a for some n] <= a``: the sets ``C_n = {p: 
 ``log M_n(p)`` is a sum of ``log(c + i/p)`` and ``log(c + j/(1-p))`` (i < S, j < n - S) less a
 constant, each convex in p, so ``C_n`` is an interval; it contains ``S/n`` (a mixture of
 likelihood ratios is at most the largest, at the maximum-likelihood rate: ``M_n(S/n) <= 1``).
-Its ends are found by bisection, returning the bracket end *outside* ``C_n``: never inside
-the true interval, so rounding can only widen it. The prior is fixed before the data (c
+Its ends are found by Newton's method from outside (:func:`_lower_end`), and each returned
+end is certified *outside* ``C_n`` against a bound on the rounding of ``log M_n``: never
+inside the true interval, so rounding can only widen it. The prior is fixed before the data (c
 depends only on ``n_opt`` and the level), which is all validity needs; c is the normal
 mixture's best precision for ``n_opt`` trials (as ``confseq`` sets it), so the sequence is
 tightest near ``n_opt``.
