@@ -137,6 +137,13 @@ KIND = {
                  ["0", "1"], [1 + 0j, 2]],
     "deltas": [*NOT_NUMBERS, 0.5, [], [0.5], [0.5, 0.1, 0.0], [NAN, 0.1], [-0.1, 0.1],
                [0.5, 1.5], [[0.5, 0.1]], ["0.5", "0.1"]],
+    "level": LEVEL,
+    "n_opt": [*NOT_NUMBERS, *NOT_SCALARS, NAN, INF, -INF, 0, 0.5, -1],
+    "hits": [None, "x", {}, object, [], 1, [0, 2], [0.5, 1], [NAN, 1], [-1, 0], ["1", "0"],
+             [1 + 0j, 0], [[1, 0], [1]], np.array([1, "a"], dtype=object)],
+    "tpr_lo": [*NOT_NUMBERS, NAN, INF, -0.1, 1.5, [], [0.5, NAN], [0.5, 2.0], ["0.5"]],
+    "fpr_hi": [*NOT_NUMBERS, NAN, INF, -0.1, 1.5, [], [0.5, NAN], [0.5, 2.0], ["0.5"],
+               np.zeros(3)],
 }
 
 #: The kind of a parameter whose name means something else in one function.
@@ -156,6 +163,7 @@ DEFAULT = {
     "included": [1, 0, 1, 0], "correct": [2, 4, 5, 7, 9], "ks": None,
     "select_alpha": 0.05, "splits": 3, "boots": 3, "seed": 0, "orders": None,
     "epsilons": [0.0, 1.0], "deltas": [0.5, 0.1],
+    "level": 0.05, "n_opt": 100, "hits": [1, 0, 1, 1], "tpr_lo": [0.9, 0.5], "fpr_hi": 0.1,
 }
 VALID = {
     "mu_lb_one_run_gdp": dict(r=10, v=9), "eps_lb_one_run_fdp": dict(r=10, v=9),

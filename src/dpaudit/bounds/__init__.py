@@ -26,6 +26,8 @@ Modules, each one kind of statistic; every public name is re-exported here:
 - :mod:`.one_run`: one-run audits of [SNJ23] (guess grid and counts, the sweep).
 - :mod:`.fdp`: one-run audits in f-DP ([MMC25]).
 - :mod:`.profile`: a certified test of a claimed privacy profile (every (e, delta(e)) at once).
+- :mod:`.sequential`: time-uniform bounds (a confidence sequence per rate): eps_LB and the
+  profile test valid at every look at once, for audits that stop when the evidence suffices.
 
 References
 ----------
@@ -46,6 +48,10 @@ The keys every module of the package cites.
   in Cohort Studies. Biometrics 1978: the log interval for a ratio of two proportions.
 - [ZBJ+23] Zanella-Beguelin, Wutschitz, Tople, Salem, Ruehle, Paverd, Naseri, Koepf,
   Jones. Bayesian Estimation of Differential Privacy. ICML 2023.
+- [HRMS21] Howard, Ramdas, McAuliffe, Sekhon. Time-uniform, nonparametric, nonasymptotic
+  confidence sequences. Annals of Statistics 2021: the beta-binomial mixture.
+- [Rob70] Robbins. Statistical methods related to the law of the iterated logarithm.
+  Annals of Mathematical Statistics 1970: mixture martingales.
 - [CCN+22] Carlini, Chien, Nasr, Song, Terzis, Tramer. Membership Inference Attacks From
   First Principles. IEEE S&P 2022: attacks compared by TPR at low FPR.
 """
@@ -53,17 +59,21 @@ The keys every module of the package cites.
 from __future__ import annotations
 
 from ._checks import scores_array
-from .counts import clopper_pearson, eps_lb_bayes, eps_lb_clopper_pearson, eps_lb_katz
+from .counts import (clopper_pearson, eps_from_rate_bounds, eps_lb_bayes,
+                     eps_lb_clopper_pearson, eps_lb_katz)
 from .fdp import eps_lb_one_run_fdp, mu_lb_one_run_gdp
 from .gdp import delta_from_mu, eps_from_mu, eps_gdp_estimate, mu_lb_gdp
 from .one_run import (GUESS_GRID_SIZE, SWEEP_COLUMNS, eps_lb_hoeffding, eps_lb_one_run,
                       guess_counts, guess_grid, one_run_sweep)
 from .paper_rule import (PAPER_ALPHA, PAPER_BOOTSTRAPS, PAPER_SELECT_ALPHA, PaperRuleAudit,
                          eps_lb_paper_rule, paper_rule_bootstrap)
-from .profile import ProfileAudit, profile_audit, profile_violation
+from .profile import ProfileAudit, profile_audit, profile_from_rate_bounds, profile_violation
 from .resplits import eps_lb_resplits
+from .sequential import (N_OPT, bernoulli_confidence_sequence, eps_lb_sequential,
+                         mixture_concentration, profile_violation_sequential,
+                         running_confidence_sequence)
 from .roc import auc, tpr_at_fpr
-from .thresholds import (TIES, Bound as Bound, ThresholdAudit, split_trials,
+from .thresholds import (TIES, Bound as Bound, ThresholdAudit, choose_threshold, split_trials,
                          threshold_holdout_audit, threshold_scan_audit, threshold_split_audit)
 
 __all__ = [
@@ -103,4 +113,13 @@ __all__ = [
     "profile_violation",
     "profile_audit",
     "ProfileAudit",
+    "profile_from_rate_bounds",
+    "eps_from_rate_bounds",
+    "choose_threshold",
+    "N_OPT",
+    "mixture_concentration",
+    "bernoulli_confidence_sequence",
+    "running_confidence_sequence",
+    "eps_lb_sequential",
+    "profile_violation_sequential",
 ]

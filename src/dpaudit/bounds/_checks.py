@@ -78,6 +78,18 @@ def _check_counts(ct_pos, n_pos, ct_neg, n_neg):
     return ct_pos, n_pos, ct_neg, n_neg
 
 
+def _check_rate_bounds(tpr_lo, fpr_hi) -> tuple[np.ndarray, np.ndarray]:
+    """A lower bound on the TPR and an upper bound on the FPR as float arrays of one
+    broadcast shape, every entry in [0, 1]."""
+    out = []
+    for name, value in (("tpr_lo", tpr_lo), ("fpr_hi", fpr_hi)):
+        a = _real(name, value, "be rates in [0, 1]")
+        if a.size == 0 or not np.all((a >= 0) & (a <= 1)):
+            raise ValueError(f"{name}={value!r}: must be a non-empty array of rates in [0, 1]")
+        out.append(a.astype(float))
+    return tuple(_broadcast(tpr_lo=out[0], fpr_hi=out[1]))
+
+
 def _check_k(k, name: str = "k", low: int = 1) -> int:
     """A single whole number >= ``low`` (``k`` the number of inserted canaries, ``k_max``,
     a grid size, ...)."""

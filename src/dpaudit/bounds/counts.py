@@ -17,7 +17,7 @@ import numpy as np
 from scipy import integrate, optimize, special, stats
 
 from ._checks import (_broadcast, _check_counts, _check_delta, _check_k, _check_level,
-                      _scalar_or_array, _whole)
+                      _check_rate_bounds, _scalar_or_array, _whole)
 
 
 def clopper_pearson(ct, n, alpha: float) -> tuple[np.ndarray, np.ndarray]:
@@ -99,9 +99,18 @@ def eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.01,
     k = _check_k(k)
     p1_lo, _ = clopper_pearson(ct_pos, n_pos, alpha)
     _, p0_hi = clopper_pearson(ct_neg, n_neg, alpha)
-    eps = np.maximum(_eps_from_rates(p1_lo, p0_hi, delta, k),
-                     _eps_from_rates(1 - p0_hi, 1 - p1_lo, delta, k))
-    return _scalar_or_array(eps)
+    return _scalar_or_array(eps_from_rate_bounds(p1_lo, p0_hi, delta, k))
+
+
+def eps_from_rate_bounds(tpr_lo, fpr_hi, delta: float = 0.0, k: int = 1) -> np.ndarray:
+    """The eps refuted by a lower bound ``tpr_lo`` on the TPR and an upper bound ``fpr_hi`` on
+    the FPR (the event "in" and its complement "out"; :func:`eps_lb_clopper_pearson`): a
+    bound at the level at which both rate bounds hold together, since it increases in the
+    TPR and decreases in the FPR. Array in, array out."""
+    tpr_lo, fpr_hi = _check_rate_bounds(tpr_lo, fpr_hi)
+    delta, k = _check_delta(delta), _check_k(k)
+    return np.maximum(_eps_from_rates(tpr_lo, fpr_hi, delta, k),
+                      _eps_from_rates(1 - fpr_hi, 1 - tpr_lo, delta, k))
 
 
 def _katz_ratio_lo(ct1, n1, ct2, n2, alpha: float) -> tuple[np.ndarray, np.ndarray]:

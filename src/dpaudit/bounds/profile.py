@@ -38,7 +38,8 @@ from functools import partial
 
 import numpy as np
 
-from ._checks import _check_counts, _check_level, _real, _scalar_or_array
+from ._checks import (_check_counts, _check_level, _check_rate_bounds, _real,
+                      _scalar_or_array)
 from .counts import clopper_pearson
 from .thresholds import threshold_holdout_audit
 
@@ -69,6 +70,21 @@ def _refute(ct_pos, n_pos, ct_neg, n_neg, alpha: float, eps: np.ndarray, deltas:
     ct_pos, n_pos, ct_neg, n_neg = np.broadcast_arrays(ct_pos, n_pos, ct_neg, n_neg)
     p1_lo, _ = clopper_pearson(ct_pos, n_pos, alpha)
     _, p0_hi = clopper_pearson(ct_neg, n_neg, alpha)
+    return _from_rates(p1_lo, p0_hi, eps, deltas)
+
+
+def profile_from_rate_bounds(tpr_lo, fpr_hi, epsilons, deltas):
+    """``(violation, eps_star, delta_lb, delta_claim)`` arrays of the broadcast shape of
+    ``tpr_lo`` (a lower bound on the TPR) and ``fpr_hi`` (an upper bound on the FPR): the
+    test of :func:`profile_violation` from any rate bounds, holding at the level at which
+    both hold together (module docstring), e.g. those of a confidence sequence."""
+    tpr_lo, fpr_hi = _check_rate_bounds(tpr_lo, fpr_hi)
+    return _from_rates(tpr_lo, fpr_hi, *_check_profile(epsilons, deltas))
+
+
+def _from_rates(p1_lo, p0_hi, eps: np.ndarray, deltas: np.ndarray):
+    """:func:`profile_from_rate_bounds` of checked arrays."""
+    p1_lo, p0_hi = np.broadcast_arrays(p1_lo, p0_hi)
     p1, p0 = np.ravel(p1_lo), np.ravel(p0_hi)
     with np.errstate(over="ignore"):  # e^e = inf: delta_lb = -inf (FPR_hi, 1 - TPR_lo > 0)
         growth = np.exp(eps)
@@ -80,7 +96,7 @@ def _refute(ct_pos, n_pos, ct_neg, n_neg, alpha: float, eps: np.ndarray, deltas:
         j = np.argmax(lb - deltas, axis=1)
         rows = np.arange(len(j))
         out[:, i:i + step] = (lb[rows, j] - deltas[j], eps[j], lb[rows, j], deltas[j])
-    return [v.reshape(ct_pos.shape) for v in out]
+    return [v.reshape(p1_lo.shape) for v in out]
 
 
 def profile_violation(ct_pos, n_pos, ct_neg, n_neg, alpha, epsilons, deltas):
@@ -130,4 +146,4 @@ def profile_audit(val_pos, val_neg, eval_pos, eval_neg, epsilons, deltas,
                         res.ct_neg, res.n_neg)
 
 
-__all__ = ["profile_violation", "profile_audit", "ProfileAudit"]
+__all__ = ["profile_violation", "profile_audit", "ProfileAudit", "profile_from_rate_bounds"]

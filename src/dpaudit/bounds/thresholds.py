@@ -132,13 +132,21 @@ def threshold_holdout_audit(val_pos, val_neg, eval_pos, eval_neg, bound: Bound, 
     threshold on the evaluation trials alone, which the choice never saw, so it holds at
     ``1 - alpha`` with no correction.  The returned counts are the evaluation counts.
     """
-    vp, vn = scores_array("val_pos", val_pos), scores_array("val_neg", val_neg)
     ep, en = scores_array("eval_pos", eval_pos), scores_array("eval_neg", eval_neg)
+    chosen = choose_threshold(val_pos, val_neg, bound, alpha, ties)
+    return _scan(ep, en, bound, alpha, np.array([chosen.threshold]), centre=False)
+
+
+def choose_threshold(val_pos, val_neg, bound: Bound, alpha: float,
+                     ties: str = "first") -> ThresholdAudit:
+    """The choice of :func:`threshold_holdout_audit` on the validation scores alone: the
+    threshold maximizing ``bound`` at ``alpha`` over every distinct decision (ties as
+    there), midway in its score gap; the value and counts are the validation ones."""
+    vp, vn = scores_array("val_pos", val_pos), scores_array("val_neg", val_neg)
     _check_bound(bound, alpha)
     if not isinstance(ties, str) or ties not in TIES:
         raise ValueError(f"ties={ties!r}: must be one of {TIES}")
-    chosen = _scan(vp, vn, bound, alpha, _candidates(vp, vn), ties=ties)
-    return _scan(ep, en, bound, alpha, np.array([chosen.threshold]), centre=False)
+    return _scan(vp, vn, bound, alpha, _candidates(vp, vn), ties=ties)
 
 
 def threshold_scan_audit(scores_pos, scores_neg, bound: Bound, alpha: float) -> ThresholdAudit:
