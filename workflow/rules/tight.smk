@@ -5,6 +5,7 @@
 # cells of Figure 2 and the one-run white-box audit at the same models and eps labels,
 # where their configs have them.  Named target `tight`; not in the default target (1000
 # runs per side and cell are hours of training).
+from dpaudit.cli.tight import BLACKBOX_SHARED as TIGHT_BLACKBOX_KEYS
 from dpaudit.cli.tight import SPEC_KEYS as TIGHT_WHITEBOX_KEYS
 
 TIGHT = config["tight"]
@@ -65,7 +66,7 @@ rule tight_blackbox:
     params:
         spec=quoted_json(
             {
-                **{k: TIGHT[k] for k in ("runs", "archs", "eps", "alpha", "delta")},
+                **{k: TIGHT[k] for k in TIGHT_BLACKBOX_KEYS},
                 **TIGHT["blackbox"],
                 "hidden": TIGHT_FMNIST["hidden"],
             }

@@ -21,16 +21,17 @@ from . import (FIGURE_HELP, figure_out, int_at_least, made_by, out_dir, out_file
 from ..experiments.jagielski import AUDIT_KEYS, MADE_WITH_KEYS, PAPER_TOL, TASK_KEYS, TRAIN_KEYS
 
 
-def _train_schema() -> dict:
-    node = subset_schema(TRAIN_KEYS[:4] + TRAIN_KEYS[9:], "jagielski")
-    per_dataset = section_schema("jagielski", "datasets", "fmnist")["properties"]
-    node["properties"].update({k: per_dataset[k] for k in TRAIN_KEYS[4:8]})
-    node["properties"]["noise"] = {
-        "type": "object", "minProperties": 1,
-        "additionalProperties": {"type": "number", "minimum": 0},
-        "description": "DP-SGD noise multiplier of each eps label the job trains"}
-    node["required"] = list(TRAIN_KEYS)
-    return node
+def _train_schema(dataset: str) -> dict:
+    """The schema of ``jagielski-train --spec`` (:data:`TRAIN_KEYS`): each key the
+    ``jagielski`` section's where it has it, else the data set's section's; ``noise`` only
+    for the eps labels the job trains."""
+    jag = section_schema("jagielski")["properties"]
+    per_dataset = section_schema("jagielski", "datasets", dataset)["properties"]
+    props = {k: jag[k] if k in jag else per_dataset[k] for k in TRAIN_KEYS}
+    props["noise"] = {**per_dataset["noise"], "minProperties": 1,
+                      "description": "DP-SGD noise multiplier of each eps label the job trains"}
+    return {"type": "object", "additionalProperties": False, "required": list(TRAIN_KEYS),
+            "properties": props}
 
 
 def _dpsgd_config(ds: dict, clip: float, noise: float, init: str, sampling: str):
@@ -129,7 +130,7 @@ def _train_group(args) -> None:
     from ..experiments import jagielski
     from ..io import array_digest, write_table
 
-    spec = validate_section(args.spec, "jagielski", schema_node=_train_schema())
+    spec = validate_section(args.spec, "jagielski", schema_node=_train_schema(args.dataset))
     cells = _cells(args.cells)
     unknown = sorted({e for _, _, e in cells if e not in spec["noise"]})
     if unknown:
