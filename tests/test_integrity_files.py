@@ -351,6 +351,38 @@ def test_truncated_idx_file_is_named(tmp_path, capsys, cut):
             "not-idx": "not an IDX file"}[cut] in err[0]
 
 
+@pytest.mark.parametrize("fault", ["label-200", "real-size-altered"])
+def test_altered_idx_file_is_refused(tmp_path, capsys, fault):
+    """A label out of 0..9 in any IDX file, and a file of the official one's size whose
+    bytes are not the official ones (its md5), are refused naming the file."""
+    raw = tmp_path / "root" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    arrays = fake_fmnist(rng)
+    if fault != "label-200":  # the test split at its real size: 10,000 items
+        arrays["t10k-images-idx3-ubyte"] = rng.integers(0, 256, (10_000, 28, 28), np.uint8)
+        arrays["t10k-labels-idx1-ubyte"] = rng.integers(0, 10, 10_000).astype(np.uint8)
+    name = FMNIST_FILES[1 if fault == "label-200" else 2]
+    if fault == "label-200":
+        arrays[name][7] = 200
+    for n, arr in arrays.items():
+        (raw / n).write_bytes(idx_bytes(arr))
+    assert (raw / FMNIST_FILES[2]).stat().st_size == (data.IDX_SIZES[FMNIST_FILES[2]]
+                                                      if fault != "label-200" else 15_696)
+    code, err = _data("fmnist", _spec(tmp_path / "root"), tmp_path, capsys)
+    assert code == 2 and len(err) == 1 and str(raw / name) in err[0], err
+    assert ("label 200 at item 7" if fault == "label-200" else
+            "altered FashionMNIST file: the size of the official one but not its md5") in err[0]
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_a_data_root_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    code, err = _data("fmnist", _spec("/proc/dpaudit/data", download=True), tmp_path, capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "data.root = /proc/dpaudit/data: must be a folder that exists or can be made and " \
+           "written; nothing can be made in /proc" in err[0]
+
+
 def test_decompressed_idx_files_have_the_umask_mode(tmp_path, capsys):
     _fmnist_gz(tmp_path / "root")
     old = os.umask(0o022)

@@ -68,6 +68,24 @@ class DataNotFound(FileNotFoundError):
     :mod:`dpaudit.data`; defined here so the CLI can report it without importing torch)."""
 
 
+def unwritable(folder: str | os.PathLike) -> str | None:
+    """Why ``folder`` cannot be made (if missing) and written, or None if it can: its
+    nearest existing ancestor must be a folder in which a file can be created. Tried with
+    an unnamed temporary file (nothing is left behind; ``os.access`` says yes to root even
+    where nothing can be made, e.g. under ``/proc``)."""
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"nothing can be made in {existing} ({exc.strerror or exc})"
+    return None
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` on success."""

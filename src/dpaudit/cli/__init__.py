@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import __version__
 from ..config import SpecError
 from ..device import DeviceUnavailable
-from ..io import BadInputFile, DataNotFound
+from ..io import BadInputFile, DataNotFound, unwritable
 
 #: Subcommand modules, in help order.
 COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
@@ -54,25 +54,12 @@ seed_arg = int_at_least(0)
 
 
 def _writable(text: str, folder: Path) -> None:
-    """ArgumentTypeError unless ``folder`` exists or can be made, and files can be made in
-    it: its nearest existing ancestor is a folder in which a file can be created. Tried
-    with an unnamed temporary file (nothing left behind), since ``os.access`` says yes to
-    root even where nothing can be made (``/proc``, a read-only mount)."""
-    import tempfile
-
-    existing = folder.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r}: must be under a folder; {existing} is "
-                                         "a file")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: must be a path whose folder can be made and written; nothing can be "
-            f"made in {existing} ({exc.strerror or exc})") from None
+    """ArgumentTypeError unless ``folder`` exists or can be made, and written
+    (:func:`dpaudit.io.unwritable`)."""
+    why = unwritable(folder)
+    if why:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a path whose folder can be made "
+                                         f"and written; {why}")
 
 
 def out_file(text: str) -> Path:
