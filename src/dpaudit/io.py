@@ -14,7 +14,6 @@ import json
 import os
 import pickle
 import re
-import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -117,8 +116,7 @@ def as_recorded(value: Any) -> Any:
 BODY_SHA256 = "body_sha256"
 
 #: The version from which every file dpaudit writes records its content hash (a table
-#: :data:`BODY_SHA256`, a ``.pt`` or ``.npz`` :data:`CONTENT_SHA256`): a table without one
-#: is read only if its provenance names an older version.
+#: :data:`BODY_SHA256`, a ``.pt`` or ``.npz`` :data:`CONTENT_SHA256`).
 HASHED_SINCE = "0.2.0"
 
 
@@ -126,22 +124,23 @@ def _version(text: Any) -> tuple[int, ...]:
     return tuple(map(int, re.findall(r"\d+", str(text))[:3]))
 
 
-def _unhashed(meta: dict[str, Any], path, require_hash: bool) -> str:
-    """Why a table whose provenance ``meta`` records no content hash is refused, or (read
-    unverified) the line that says an older version wrote it."""
+def _unhashed(meta: dict[str, Any], path) -> BadInputFile:
+    """Why a table whose provenance ``meta`` records no content hash is refused. Every
+    table is: one of an older version too, since the version in its header is text that
+    an edit can change as easily as it drops the hash, and every reference table shipped
+    (reference/) records one; an older version's table is made again instead."""
     made = meta.get("dpaudit_version")
     if made is None:
-        raise BadInputFile(path, "no content hash and no dpaudit version recorded: not as "
-                                 "dpaudit writes a table (altered since?)", forcerun(path))
+        return BadInputFile(path, "no content hash and no dpaudit version recorded: not as "
+                                  "dpaudit writes a table (altered since?)", forcerun(path))
     if _version(made) >= _version(HASHED_SINCE):
-        raise BadInputFile(path, f"no content hash recorded, yet its provenance names "
-                                 f"dpaudit {made}, which records one: altered since it was "
-                                 f"written", forcerun(path))
-    if require_hash:
-        raise BadInputFile(path, f"no content hash recorded (written by dpaudit {made}, "
-                                 f"an older version)", forcerun(path))
-    return (f"{path}: no content hash recorded (written by dpaudit {made}, older than "
-            f"{HASHED_SINCE}): its rows are read unverified")
+        return BadInputFile(path, f"no content hash recorded, yet its provenance names "
+                                  f"dpaudit {made}, which records one: altered since it was "
+                                  f"written", forcerun(path))
+    return BadInputFile(path, f"no content hash recorded (its header names dpaudit {made}, "
+                              f"older than {HASHED_SINCE}): its rows cannot be checked, so "
+                              f"it is not read; make it again with this version",
+                        forcerun(path))
 
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> None:
@@ -216,27 +215,25 @@ def require_columns(df: pd.DataFrame, provenance: dict[str, Any], path: str | os
                                  f"{', '.join(missing)} ({by})")
 
 
-def read_table(path: str | os.PathLike, require_hash: bool = False,
-               columns: Iterable[str] = (), what: str = "the kind read here"
-               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+def read_table(path: str | os.PathLike, columns: Iterable[str] = (),
+               what: str = "the kind read here") -> tuple[pd.DataFrame, dict[str, Any]]:
     """Read a table written by :func:`write_table`; return ``(frame, provenance)``. Every
     float reads back bit for bit, whatever the pandas version, so a table written again
     from what was read has the same bytes (kept blocks restored by a rerun).
 
     :class:`BadInputFile` if the file is not such a table or has no rows, if the rows do
     not have the SHA-256 the header records (the file was altered or truncated after it
-    was written), if the header records none and names no version older than
-    :data:`HASHED_SINCE` (or any, with ``require_hash``; an older version's table is
-    otherwise read, saying so on stderr), or if it lacks any of ``columns``, the columns
-    the caller reads (:func:`require_columns`; ``what``: the kind of table it reads)."""
+    was written) or the header records none (:func:`_unhashed`), or if it lacks any of
+    ``columns``, the columns the caller reads (:func:`require_columns`; ``what``: the
+    kind of table it reads)."""
     from io import BytesIO  # the standard library's
 
     head, _, body = input_file(path, _TABLE).read_bytes().partition(b"\n")
     meta = _header(head, path)
     recorded = meta.get(BODY_SHA256)
     if recorded is None:
-        print(_unhashed(meta, path, require_hash), file=sys.stderr)
-    elif hashlib.sha256(body).hexdigest() != recorded:
+        raise _unhashed(meta, path)
+    if hashlib.sha256(body).hexdigest() != recorded:
         raise BadInputFile(path, "its rows do not match the content hash recorded when it "
                                  "was written (altered or truncated since)", forcerun(path))
     try:

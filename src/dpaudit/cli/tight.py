@@ -209,7 +209,7 @@ def _table(args) -> None:
             ("onerun", "onerun-audit", joined.ONERUN_COLUMNS)):
         path = getattr(args, name)
         if path is not None:
-            given[name] = (*read_table(path, require_hash=True, columns=columns, what=what),
+            given[name] = (*read_table(path, columns=columns, what=what),
                            path)
     df = assemble(tables["whitebox"][0], tables["blackbox"][0], **given,
                   log=say("tight-table"))
