@@ -192,19 +192,23 @@ def test_a_path_of_the_wrong_kind_is_refused_by_the_parser(argv, name, why, file
 
 def test_a_folder_made_for_an_output_is_named(tmp_path, capsys):
     out = tmp_path / "new" / "deeper" / "r.csv"
-    code = main(["md-html", "--md", str(_md(tmp_path)), "--out", str(out)])
+    code = main(["md-html", *_md(tmp_path), "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 0, err
     assert f"dpaudit md-html: created folder {out.parent}" in err and out.exists()
     # an existing folder is not announced
-    assert main(["md-html", "--md", str(_md(tmp_path)), "--out", str(out)]) == 0
+    assert main(["md-html", *_md(tmp_path), "--out", str(out)]) == 0
     assert "created folder" not in capsys.readouterr().err
 
 
-def _md(tmp_path: Path) -> Path:
-    path = tmp_path / "t.md"
-    path.write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
-    return path
+def _md(tmp_path: Path) -> list[str]:
+    """``--md`` and ``--table`` of md-html: a table and its Markdown."""
+    from dpaudit.io import write_markdown
+
+    path, table = tmp_path / "t.md", tmp_path / "t.csv"
+    write_markdown("| a | b |\n|---|---|\n| 1 | 2 |\n", path,
+                   write_table(pd.DataFrame({"a": [1], "b": [2]}), table, {"seed": 0}))
+    return ["--md", str(path), "--table", str(table)]
 
 
 def test_each_command_line_imports_its_own_module_only():

@@ -25,7 +25,7 @@ from dpaudit.dpsgd import ModelSpec, init_params, save_params
 from dpaudit.experiments import abadi, jagielski
 from dpaudit.experiments.jagielski import TASK_ARRAYS
 from dpaudit.features import save_features
-from dpaudit.io import BadInputFile, read_table, write_table
+from dpaudit.io import BadInputFile, read_table, write_markdown, write_table
 from fakedata import FMNIST_FILES, fake_fmnist, idx_bytes, write_idx_gz, write_tree
 
 CONFIG = yaml.safe_load((Path(__file__).parents[1] / "config" / "config.yaml").read_text())
@@ -93,7 +93,7 @@ READERS = {
         "--task", "G", "--dataset", "fmnist", "--arch", "lr", "--attack", "mi",
         "--cells", _j([[1.0, "fixed", EPS]]), "--init-file", "F", "--spec", SPECS["train"],
         "--seed", "0", "--device", "cpu", "--out-dir", "O"]),
-    "md-html": ("md", ["--md", "F", "--out", "O.html"]),
+    "md-html": ("md", ["--md", "F", "--table", "T", "--out", "O.html"]),
 }
 
 
@@ -117,7 +117,7 @@ def _real_bytes(kind: str, tmp: Path) -> bytes:
         model = ModelSpec("lr", 6, 32)
         save_params(path, init_params(model, 1, [0], device="cpu"), model)
     else:
-        path.write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
+        write_markdown("| a | b |\n|---|---|\n| 1 | 2 |\n", path, "0" * 64)
     return path.read_bytes()
 
 
@@ -147,9 +147,11 @@ def test_every_reader_names_a_bad_input_file_and_exits_2(command, fault, tmp_pat
     kind, args = READERS[command]
     bad = _bad(kind, fault, tmp_path)
     _good_task(tmp_path / "good_task.npz")
+    good = {"G": tmp_path / "good_task.npz", "T": tmp_path / "good_table.csv"}
+    good["T"].write_bytes(_real_bytes("table", tmp_path))
     out = tmp_path / "out"
-    argv = [command.split()[0]] + [str(bad) if a == "F" else str(tmp_path / "good_task.npz")
-                                   if a == "G" else str(out / a) if a.startswith("O") else a
+    argv = [command.split()[0]] + [str(bad) if a == "F" else str(good[a]) if a in good
+                                   else str(out / a) if a.startswith("O") else a
                                    for a in args]
     code, err = _run(argv, capsys)
     assert code == 2, err
@@ -159,6 +161,42 @@ def test_every_reader_names_a_bad_input_file_and_exits_2(command, fault, tmp_pat
     # a trainer's advisory lock beside its folder (dpaudit.locks) is no output
     written = [p for p in out.rglob("*") if not (p.name.startswith(".") and p.suffix == ".lock")]
     assert not written, written
+
+
+MD_TEXT = "Title\n\n| eps_th | eps_lb |\n|---|---|\n| 4 | 0.90 |\n"
+
+
+@pytest.mark.parametrize("fault", ["edited-number", "no-hash-line", "another-table",
+                                   "hash-line-edited"])
+def test_md_html_renders_only_the_markdown_of_the_table_given(fault, tmp_path, capsys):
+    """A Markdown table ends in a line with its own hash and its table's: an edited number,
+    a hand-written table, one of another table or an edited hash line are refused."""
+    table, other, md = tmp_path / "t.csv", tmp_path / "u.csv", tmp_path / "t.md"
+    digest = write_table(pd.DataFrame({"eps_th": [4], "eps_lb": [0.9]}), table, {"seed": 0})
+    write_table(pd.DataFrame({"eps_th": [4], "eps_lb": [0.8]}), other, {"seed": 0})
+    write_markdown(MD_TEXT, md, digest)
+    html = tmp_path / "out" / "t.html"
+    assert main(["md-html", "--md", str(md), "--table", str(table), "--out", str(html)]) == 0
+    assert "<td>0.90</td>" in html.read_text()
+    html.unlink()
+    capsys.readouterr()
+    given = table
+    if fault == "edited-number":
+        md.write_text(md.read_text().replace("0.90", "0.99"))
+    elif fault == "no-hash-line":
+        md.write_text(MD_TEXT)
+    elif fault == "another-table":
+        given = other
+    else:
+        md.write_text(md.read_text().replace('"md_sha256": "', '"md_sha256": "0'))
+    code, err = _run(["md-html", "--md", str(md), "--table", str(given), "--out", str(html)],
+                     capsys)
+    assert code == 2 and len(err) == 1 and f"bad input file {md}: " in err[0], err
+    assert {"edited-number": "its text does not match the hash recorded when it was written",
+            "no-hash-line": "no hash line",
+            "another-table": "renders another table than the one given",
+            "hash-line-edited": "its text does not match the hash"}[fault] in err[0], err
+    assert not html.exists()
 
 
 def test_read_table_says_what_is_wrong(tmp_path):

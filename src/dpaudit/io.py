@@ -143,9 +143,9 @@ def _unhashed(meta: dict[str, Any], path) -> BadInputFile:
                         forcerun(path))
 
 
-def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> None:
+def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> str:
     """Write ``df`` as CSV at ``path`` atomically, with ``provenance`` and the SHA-256 of the
-    rows (:data:`BODY_SHA256`) as a JSON header line."""
+    rows (:data:`BODY_SHA256`, returned) as a JSON header line."""
     body = df.to_csv(index=False).encode()
     meta = {"dpaudit_version": __version__, **provenance,
             BODY_SHA256: hashlib.sha256(body).hexdigest()}
@@ -153,6 +153,7 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str,
         with open(tmp, "wb") as fh:
             fh.write((_PREFIX + _provenance_json(meta) + "\n").encode())
             fh.write(body)
+    return meta[BODY_SHA256]
 
 
 def input_file(path: str | os.PathLike, kind: str) -> Path:
@@ -326,9 +327,56 @@ def read_torch(path: str | os.PathLike, kind: str, map_location="cpu") -> dict[s
 
 
 def write_text(text: str, path: str | os.PathLike) -> None:
-    """Write a text artefact (e.g. a Markdown table) atomically."""
+    """Write a text artefact atomically."""
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text)
+
+
+#: The last line of a Markdown table dpaudit writes (:func:`write_markdown`): an HTML
+#: comment, so invisible wherever the Markdown is rendered.
+_MD_PREFIX, _MD_SUFFIX = "<!-- dpaudit-table: ", " -->"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_markdown(text: str, path: str | os.PathLike, table_sha256: str) -> None:
+    """Write ``text``, a Markdown rendering of the result table whose rows have the
+    SHA-256 ``table_sha256`` (its :data:`BODY_SHA256`), atomically, with a last line
+    recording that hash and the text's own, which :func:`read_markdown` checks."""
+    meta = {"table_sha256": table_sha256, "md_sha256": _sha256(text)}
+    write_text(f"{text}{_MD_PREFIX}{_provenance_json(meta)}{_MD_SUFFIX}\n", path)
+
+
+def read_markdown(path: str | os.PathLike, table_sha256: str | None = None) -> str:
+    """The Markdown text of :func:`write_markdown` at ``path``, without its hash line;
+    :class:`BadInputFile` if it has no such line, if the text is not the one hashed (edited
+    since), or if it renders a table other than the one whose rows have ``table_sha256``
+    (None: not checked)."""
+    kind = "a Markdown table of dpaudit"
+    try:
+        whole = input_file(path, kind).read_text()
+    except UnicodeDecodeError:
+        raise BadInputFile(path, f"not a text file (expected {kind})") from None
+    text, _, last = whole.rstrip("\n").rpartition("\n")
+    text += "\n" if text else ""
+    meta = None
+    if last.startswith(_MD_PREFIX) and last.endswith(_MD_SUFFIX):
+        try:
+            meta = json.loads(last[len(_MD_PREFIX):-len(_MD_SUFFIX)])
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(meta, dict) or not {"table_sha256", "md_sha256"} <= set(meta):
+        raise BadInputFile(path, f"no hash line ({_MD_PREFIX.strip()} ...) at its end: not "
+                                 f"{kind} (written by hand, or edited?)", forcerun(path))
+    if _sha256(text) != meta["md_sha256"]:
+        raise BadInputFile(path, "its text does not match the hash recorded when it was "
+                                 "written (edited since)", forcerun(path))
+    if table_sha256 is not None and meta["table_sha256"] != table_sha256:
+        raise BadInputFile(path, "renders another table than the one given (their content "
+                                 "hashes differ)", forcerun(path))
+    return text
 
 
 def array_digest(arrays: dict[str, Any]) -> str:

@@ -216,9 +216,11 @@ def _audit(args) -> None:
 
     from .. import dpsgd, seeds
     from ..experiments import jagielski
-    from ..io import write_table, write_text
+    from ..io import write_markdown, write_table
 
     # AUDIT_KEYS are used; the rest, what the cells were trained with, only recorded
+    if args.experiment == "table2" and args.md is None:
+        raise SpecError("--experiment table2 needs --md (the Markdown table)")
     node = subset_schema((*AUDIT_KEYS, *MADE_WITH_KEYS, "fig2", "table2"), "jagielski")
     spec = validate_section(args.spec, "jagielski", schema_node={**node, "required": list(AUDIT_KEYS)})
     rows = []
@@ -247,11 +249,10 @@ def _audit(args) -> None:
     prov = {"command": "jagielski-audit", "experiment": args.experiment, "spec": spec,
             "seed": args.seed, "resplits": jagielski.RESPLITS, "bootstraps": jagielski.BOOTSTRAPS}
     if args.experiment == "table2":
-        if args.md is None:
-            raise SpecError("--experiment table2 needs --md (the Markdown table)")
         table = jagielski.with_paper_table2(table)
-        write_text(jagielski.table2_markdown(table), args.md)
-    write_table(table, args.out, prov)
+    digest = write_table(table, args.out, prov)
+    if args.experiment == "table2":
+        write_markdown(jagielski.table2_markdown(table), args.md, digest)
 
 
 def _tolerance(text: str) -> float:
@@ -267,7 +268,7 @@ def _tolerance(text: str) -> float:
 
 def _markdown(args) -> None:
     from ..experiments import jagielski
-    from ..io import write_text
+    from ..io import BODY_SHA256, read_provenance, write_markdown
 
     table = jagielski.read_result_table(args.table, jagielski.TABLE2_COLUMNS,
                                         "jagielski-audit --experiment table2")
@@ -275,7 +276,7 @@ def _markdown(args) -> None:
         text = jagielski.table2_markdown(table, args.tolerance)
     except ValueError as exc:
         raise SpecError(f"--table {args.table}: {exc}") from exc
-    write_text(text, args.out)
+    write_markdown(text, args.out, read_provenance(args.table)[BODY_SHA256])
 
 
 def _plot(args) -> None:
