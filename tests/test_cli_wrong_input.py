@@ -457,7 +457,8 @@ SPEC_VALUES = [
         ({"settings": [{**SETTING, "batch_size": 0}]},
          "config error: shuffle.settings[0].batch_size=0: 0 is less than the minimum of 1"),
         ({"subjects": ["shuffle-once"], "settings": [{**SETTING, "epochs": 1}]},
-         "config error: shuffle.subjects: shuffle-once must come with a setting of epochs > 1"),
+         "config error: shuffle.subjects: [shuffle-once] alone must come with a setting of "
+         "epochs > 1"),
         ({"mates": [2]}, "config error: shuffle.mates[0]=2: 2 is greater than the maximum of 1"),
     )],
     *[(["tight-whitebox-audit", "--spec", json.dumps(TIGHT_SPEC), "--train",

@@ -208,9 +208,7 @@ ONE_EPOCH = {"arch": "lr", "batch_size": 5, "steps_per_epoch": 20, "epochs": 1, 
     ({"shuffle": {"settings": [{**ONE_EPOCH, "batch_size": 100, "steps_per_epoch": 100}]}},
      ["shuffle.settings[0]: batch_size x steps_per_epoch = 10000: must be <= 6000"]),
     ({"shuffle": {"subjects": ["shuffle-once"], "settings": [ONE_EPOCH]}},
-     ["shuffle.subjects: shuffle-once must come with a setting of epochs > 1"]),
-    ({"shuffle": {"subjects": ["fixed", "shuffle-once"], "settings": [ONE_EPOCH]}},
-     ["shuffle.subjects: shuffle-once must come with a setting of epochs > 1"]),
+     ["shuffle.subjects: [shuffle-once] alone must come with a setting of epochs > 1"]),
     ({"shuffle": {"select_frac": 0.001}},
      ["shuffle.select_frac=0.001 of shuffle.runs=400: must leave at least one run per side"]),
     ({"shuffle": {"settings": [{**ONE_EPOCH, "runs": 4}], "select_frac": 0.2}},
@@ -312,7 +310,7 @@ def test_the_workflow_stops_at_start_up_on_a_cross_key_conflict(tmp_path):
     assert "invalid config: jagielski.select_frac=0.01 of jagielski.trials=40" in text, text
     assert "trials_needed.n_min=50: must be <= jagielski.trials=40" in text, text
     for line in ("shuffle.settings[0]: batch_size x steps_per_epoch = 10000: must be <= 6000",
-                 "shuffle.subjects: shuffle-once must come with a setting of epochs > 1",
+                 "shuffle.subjects: [shuffle-once] alone must come with a setting of epochs > 1",
                  "tramer.runs=5: must be >= 40",
                  "tramer.user.train='nomodule:train': must name an importable module"):
         assert line in text, text

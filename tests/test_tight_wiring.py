@@ -286,9 +286,9 @@ def test_table_without_audits_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"bogus": 1}, r"--spec.bogus: unknown key"), ({"eps": ["two"]}, r"--spec.eps="),
-    ({"archs": ["cnn"]}, "--spec.archs="), ({"runs": 2}, "runs=2"),
-    ({"n": 30}, "n=30"), ({"canary": "dirac"}, "canary kind='dirac'")])
+    ({"bogus": 1}, r"tight.bogus: unknown key"), ({"eps": ["two"]}, r"tight.eps="),
+    ({"archs": ["cnn"]}, r"tight.archs\[0\]='cnn'"), ({"runs": 2}, "runs=2"),
+    ({"n": 30}, "n=30"), ({"canary": "dirac"}, "tight.canary='dirac'")])
 def test_blackbox_cli_names_the_bad_key(tmp_path, capsys, change, match):
     import re
 

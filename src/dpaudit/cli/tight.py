@@ -113,8 +113,8 @@ def _blackbox(args) -> None:
         except (TypeError, ValueError):
             labels.append((label, math.nan))
     if not labels or any(not v > 0 for _, v in labels):  # nan fails too
-        raise SpecError(f"--spec.eps={spec['eps']!r}: must be a non-empty list of eps labels, "
-                        f"numbers > 0 or \"inf\"")
+        raise SpecError(f"tight.eps={spec['eps']!r}: must be a list of eps labels, numbers > 0 "
+                        f"or \"inf\"")
     task, task_prov = _task(args.task)
     log, device, rows = say("tight-blackbox-audit"), resolve(args.device), []
     for arch in spec["archs"]:

@@ -210,18 +210,18 @@ def split_problems(frac_key: str, frac: float, runs_key: str, runs: int) -> list
 def shuffle_problems(section: dict) -> list[str]:
     """The cross-key limits of the ``shuffle`` section (as ``dpaudit shuffle-audit --spec``
     gets it, schema-valid) that need no data: each setting's runs split by
-    ``select_frac``, and ``shuffle-once`` trained at some setting (at one epoch it is
-    ``shuffle`` and is not trained again)."""
+    ``select_frac``, and something to audit (``shuffle-once`` at one epoch is ``shuffle``
+    and is not trained again)."""
     found = []
     for i, setting in enumerate(section["settings"]):
         runs, key = ((setting["runs"], f"shuffle.settings[{i}].runs") if "runs" in setting
                      else (section["runs"], "shuffle.runs"))
         found += split_problems("shuffle.select_frac", section["select_frac"], key, runs)
-    if "shuffle-once" in section["subjects"] and all(
+    if set(section["subjects"]) == {"shuffle-once"} and all(
             s["epochs"] == 1 for s in section["settings"]):
-        found.append("shuffle.subjects: shuffle-once must come with a setting of epochs > 1; "
-                     "at one epoch it is shuffle and is not trained again, so every setting "
-                     "here would leave it without a row (remove it or add such a setting)")
+        found.append("shuffle.subjects: [shuffle-once] alone must come with a setting of "
+                     "epochs > 1; at one epoch shuffle-once is shuffle and is not trained "
+                     "again, so nothing would be audited (add a subject or such a setting)")
     return found
 
 
