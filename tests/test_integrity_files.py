@@ -414,11 +414,18 @@ def test_altered_idx_file_is_refused(tmp_path, capsys, fault):
     assert not (tmp_path / "out.csv").exists()
 
 
-def test_a_data_root_that_cannot_be_made_is_one_line(tmp_path, capsys):
-    code, err = _data("fmnist", _spec("/proc/dpaudit/data", download=True), tmp_path, capsys)
+@pytest.mark.parametrize("dataset", ["fmnist", "cifar"])
+def test_a_data_root_that_cannot_be_made_is_one_line(dataset, tmp_path, capsys):
+    """Data decompressed, downloaded or unpacked into a root that cannot be made (under
+    /proc, even for root): one line naming data.root, before anything is read."""
+    tarball = tmp_path / "cifar10.tar.gz"
+    tarball.write_bytes(b"checked after the root")
+    spec = _spec("/proc/dpaudit/data", download=dataset == "fmnist",
+                 cifar10_tarball=str(tarball) if dataset == "cifar" else None)
+    code, err = _data(dataset, spec, tmp_path, capsys)
     assert code == 2 and len(err) == 1, err
     assert "data.root = /proc/dpaudit/data: must be a folder that exists or can be made and " \
-           "written; nothing can be made in /proc" in err[0]
+           "written" in err[0] and "nothing can be made in /proc" in err[0], err
 
 
 def test_decompressed_idx_files_have_the_umask_mode(tmp_path, capsys):

@@ -45,7 +45,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .io import BadInputFile, DataNotFound, atomic_path
+from .io import BadInputFile, DataNotFound, atomic_path, unwritable
 
 def _datasets():
     """``torchvision.datasets``, imported on first use: importing torchvision takes about
@@ -79,8 +79,6 @@ def _root(root: str | os.PathLike | None) -> Path:
 def _data_root(root: str | os.PathLike | None, download: bool) -> Path:
     """:func:`_root`; a ``root`` that is not a folder, where nothing is to be downloaded
     into it, is a mistyped ``data.root`` (refused before anything is written there)."""
-    from .io import unwritable
-
     path = _root(root)
     if root is not None and not download and not path.is_dir():
         raise DataNotFound(f"data.root = {root}: no such folder, and data.download is false. "
@@ -305,6 +303,10 @@ def ensure_extracted(tar: str | os.PathLike, dest: str | os.PathLike) -> Path:
         raise DataNotFound(f"data.cifar10_tarball = {tar}: no such file (an ImageFolder tarball, "
                            "train/<class>/*, test/<class>/*, e.g. cifar10-jpeg.tar.gz; "
                            "docs/data.md, section Offline).")
+    why = unwritable(dest)
+    if why:
+        raise DataNotFound(f"data.root = {dest}: must be a folder that exists or can be made "
+                           f"and written, to unpack data.cifar10_tarball into; {why}")
     made = [p for p in (dest, *dest.parents) if not p.exists()]  # to remove on failure
     dest.mkdir(parents=True, exist_ok=True)
     try:
