@@ -102,11 +102,18 @@ USAGE = [
     *[(["jagielski-train", "--task", "@task", "--dataset", "fmnist", "--arch", "lr", "--attack",
         "mi", "--cells", cells, "--spec", TRAIN_SPEC, "--seed", "0", "--device", "cpu",
         "--out-dir", "^o"], line) for cells, line in (
-        (f'[[NaN, "fixed", "{EPS}"]]', "--cells: clip nan: must be a finite number > 0"),
-        (f'[[-1.0, "fixed", "{EPS}"]]', "--cells: clip -1.0: must be a finite number > 0"),
-        (f'[[1.0, "bogus", "{EPS}"]]', "--cells: init 'bogus': must be 'fixed' or 'g<Glorot "
-                                       "scale>'"),
-        (f'[[1.0, "g-1", "{EPS}"]]', "--cells: init 'g-1': must be 'fixed' or"))],
+        (f'[[NaN, "fixed", "{EPS}"]]', "--cells[0][0]=nan: must be a finite number"),
+        (f'[[-1.0, "fixed", "{EPS}"]]', "--cells[0][0]=-1.0: -1.0 is less than or equal to "
+                                        "the minimum of 0 (Clipping norm C."),
+        (f'[[1.0, "bogus", "{EPS}"]]', "--cells[0][1]='bogus': 'bogus' does not match "
+                                       "'^(fixed|g.+)$' (fixed or g<Glorot scale>"),
+        (f'[[1.0, "g-1", "{EPS}"]]', "--cells[0][1] (Glorot scale of 'g-1')=-1.0: -1.0 is "
+                                     "less than or equal to the minimum of 0"),
+        (f'[[1.0, "g1e999", "{EPS}"]]', "--cells[0][1] (Glorot scale of 'g1e999')=inf: must "
+                                        "be a finite number"),
+        (f'[[1.0, "g1", "eight"]]', "--cells[0][2]='eight': 'eight' does not match"),
+        ('[]', "--cells=[]: [] should be non-empty"),
+        (f'[[1.0, "g1", "{EPS}"], [1, "g1", "{EPS}"]]', "has non-unique elements"))],
     (["hw3-plot", "--grid", "m", "--table", "@hw3_eps", "--out", "^h.pdf"],
      "@hw3_eps: a file of hw3-audit with grid 'eps', not 'm'"),
     (["jagielski-init", "--dataset", "fmnist", "--arch", "lr", "--task", "@features",

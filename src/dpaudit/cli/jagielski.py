@@ -83,31 +83,44 @@ def _init(args) -> None:
     dpsgd.save_params(args.out, dpsgd.init_params(model, 1, [args.seed], device="cpu"), model)
 
 
-def _cells(value: str) -> list[tuple[float, str, str]]:
-    """``--cells``: a JSON list of [clip, init label, eps label]."""
-    import json
+def _cells_schema() -> dict:
+    """The schema of ``--cells``: a non-empty list of distinct ``[clip, init label, eps
+    label]``, the clip as ``jagielski.fig2.clip``, the init ``fixed`` or ``g<Glorot
+    scale>`` (its scale checked as the config's, by :func:`_cells`), the eps label as a
+    key of ``jagielski.datasets.<name>.noise``."""
+    fig2 = section_schema("jagielski", "fig2")["properties"]
+    noise = section_schema("jagielski", "datasets", "fmnist")["properties"]["noise"]
+    init = {"type": "string", "pattern": "^(fixed|g.+)$",
+            "description": "fixed or g<Glorot scale>, e.g. g1"}
+    label = {"type": "string", **noise["propertyNames"], "description": "an eps label"}
+    return {"type": "array", "minItems": 1, "uniqueItems": True,
+            "items": {"type": "array", "minItems": 3, "maxItems": 3,
+                      "prefixItems": [fig2["clip"], init, label],
+                      "description": "[clip, init, eps label], e.g. [1.0, \"g1\", \"8\"]"}}
 
-    import math
+
+def _cells(value: str) -> list[tuple[float, str, str]]:
+    """``--cells``: a JSON list of [clip, init label, eps label], checked against
+    :func:`_cells_schema`, each Glorot scale as the config's ``jagielski.fig2.init``."""
+    import json
 
     try:
         cells = json.loads(value)
-        out = [(float(c), str(i), str(e)) for c, i, e in cells]
-    except (ValueError, TypeError) as err:
+    except ValueError as err:
         raise SpecError(f"--cells {value!r}: must be a JSON list of [clip, init, eps] "
                         f"(e.g. [[1.0, \"g1\", \"8\"]]): {err}") from None
-    if not out or len(set(out)) != len(out):
-        raise SpecError("--cells: give at least one cell, each once")
-    for clip, init, _ in out:
-        if not (math.isfinite(clip) and clip > 0):
-            raise SpecError(f"--cells: clip {clip!r}: must be a finite number > 0")
-        try:
-            scale = 1.0 if init == "fixed" else float(init[1:]) if init[:1] == "g" else None
-        except ValueError:
-            scale = None
-        if scale is None or not (math.isfinite(scale) and scale > 0):
-            raise SpecError(f"--cells: init {init!r}: must be 'fixed' or 'g<Glorot scale>', a "
-                            "finite scale > 0 (e.g. g1)")
-    return out
+    validate_section(cells, "--cells", schema_node=_cells_schema())
+    scale = next(b for b in section_schema("jagielski", "fig2")["properties"]["init"]["oneOf"]
+                 if b.get("type") == "number")
+    for i, (_, init, _) in enumerate(cells):
+        if init != "fixed":
+            try:
+                s = float(init[1:])
+            except ValueError:
+                s = init[1:]
+            validate_section(s, f"--cells[{i}][1] (Glorot scale of {init!r})",
+                             schema_node=scale)
+    return [(float(c), i, e) for c, i, e in cells]
 
 
 def _train(args) -> None:
