@@ -31,6 +31,8 @@ MAX_ACCOUNTING_STEPS = 1_000_000
 #: Most canary coordinates m x d of one HW3 grid point (time grows with them; the
 #: homework's largest point, m = 16384 at d = 1e4 or m = 1000 at d = 1e5, has 1.6e8).
 MAX_HW3_COORDINATES = 10**10
+#: ``tramer.user.n_aux`` where it is not given (``dpaudit audit-impl --n-aux``'s default).
+USER_N_AUX = 500
 #: The registry names ``tramer.user.train`` may give instead of a module
 #: (:data:`dpaudit.subjects.SUBJECTS`, which imports torch; tests/test_integrity_config.py
 #: keeps the two equal).
@@ -243,7 +245,16 @@ def tramer_problems(section: dict) -> list[str]:
                          f"evaluation runs per side at which even a perfect attack refutes "
                          f"the claim eps={claim['eps']:g}, delta={claim['delta']:g} at "
                          f"confidence 1 - tramer.alpha={section['alpha']:g}")
-    train = section["user"]["train"]
+    user = section["user"]
+    if user.get("mode") == "worst-case-init":  # pre-trained on the rows after n_train
+        most = TRAMER_PER_CLASS * len(section["classes"])
+        n_aux = user.get("n_aux", USER_N_AUX)
+        if section["n_train"] + n_aux > most:
+            found.append(f"tramer.n_train + tramer.user.n_aux = {section['n_train'] + n_aux}: "
+                         f"must be <= {most}, the Fashion-MNIST images of tramer.classes in "
+                         "the reference subset (the worst-case init is pre-trained on the "
+                         "images after the training set)")
+    train = user["train"]
     module, sep, name = train.partition(":")
     if train in USER_REGISTRY:
         return found
