@@ -118,6 +118,18 @@ FMNIST_TRAIN = {**dict.fromkeys(("epochs", "batch_size", "lr", "hidden", "noise"
                 "clip": ("jagielski", "fig2")}
 
 
+def fmnist_train(jag: dict, noise: dict) -> dict:
+    """The ``--train`` of :data:`FMNIST_TRAIN` from the config's ``jagielski`` section, with
+    ``noise`` (eps label -> noise multiplier) for the labels the job trains."""
+    out = {}
+    for key, where in FMNIST_TRAIN.items():
+        section = {"jagielski": jag}
+        for part in where:
+            section = section[part]
+        out[key] = section[key]
+    return {**out, "noise": noise}
+
+
 def fmnist_train_schema() -> dict:
     """The schema of ``--train`` (:data:`FMNIST_TRAIN`): every key required, each its own
     section's schema."""
