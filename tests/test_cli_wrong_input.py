@@ -111,7 +111,7 @@ USAGE = [
                                      "less than or equal to the minimum of 0"),
         (f'[[1.0, "g1e999", "{EPS}"]]', "--cells[0][1] (Glorot scale of 'g1e999')=inf: must "
                                         "be a finite number"),
-        (f'[[1.0, "g1", "eight"]]', "--cells[0][2]='eight': 'eight' does not match"),
+        ('[[1.0, "g1", "eight"]]', "--cells[0][2]='eight': 'eight' does not match"),
         ('[]', "--cells=[]: [] should be non-empty"),
         (f'[[1.0, "g1", "{EPS}"], [1, "g1", "{EPS}"]]', "has non-unique elements"))],
     (["hw3-plot", "--grid", "m", "--table", "@hw3_eps", "--out", "^h.pdf"],

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpaudit import __version__, dpsgd
+from dpaudit import dpsgd
 from dpaudit.experiments import jagielski
 from dpaudit.io import BODY_SHA256, BadInputFile, read_table, write_table
 from test_jagielski import TRAIN_SPEC, _task, _train_cli
