@@ -253,6 +253,26 @@ def test_overlays_refused_only_when_their_job_ran_are_refused_at_start_up(overla
         assert word in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize("eps, delta, alpha", [(0.21, 1e-5, 1e-10), (2.0, 1e-5, 0.05),
+                                               (8.0, 0.0, 0.01)])
+def test_the_runs_a_claim_needs_are_the_closed_forms(eps, delta, alpha):
+    """A perfect attack on n runs per side certifies ln((p - delta) / (1 - p)) with
+    p = (alpha/2)^(1/n), the Clopper-Pearson ends of n of n and 0 of n: the start-up's
+    least n is the first at which that exceeds the claim (40 for the paper's claim)."""
+    from dpaudit.bounds import perfect_eps_lb, runs_to_exceed
+
+    def closed(n):
+        p = (alpha / 2) ** (1 / n)
+        return math.log((p - delta) / (1 - p)) if p > delta else -math.inf
+
+    need = runs_to_exceed(eps, delta, alpha)
+    assert closed(need) > eps >= closed(need - 1)
+    # scipy's beta quantiles against the closed form
+    assert perfect_eps_lb(need, delta, alpha) == pytest.approx(closed(need), rel=1e-6)
+    if eps == 0.21:
+        assert need == 40
+
+
 def test_start_up_finds_user_modules_without_importing_them(tmp_path, monkeypatch):
     """A module on the path is accepted without being run (its code could be slow or import
     torch), a registry subject by name; the registry list is the subjects module's."""

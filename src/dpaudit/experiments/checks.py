@@ -229,17 +229,17 @@ def shuffle_problems(section: dict) -> list[str]:
 
 def tramer_problems(section: dict) -> list[str]:
     """The cross-key limits of the ``tramer`` section: evaluation runs enough for a
-    perfect attack to refute each claim at ``alpha`` (:func:`dpaudit.experiments.tramer.
-    min_runs`, which ``dpaudit audit-impl`` refuses too, after the data is read), and a
+    perfect attack to refute each claim at ``alpha`` (:func:`dpaudit.bounds.runs_to_exceed`,
+    as ``dpaudit audit-impl`` requires), and a
     ``user.train`` whose module can be found (looked up, not imported: importing it may
     import torch or run its code)."""
     from importlib.util import find_spec
 
-    from . import tramer
+    from ..bounds import runs_to_exceed
 
     found = []
     for where, claim in (("tramer", section), ("tramer.user", section["user"])):
-        need = tramer.min_runs(claim["eps"], claim["delta"], section["alpha"])
+        need = runs_to_exceed(claim["eps"], claim["delta"], section["alpha"])
         if claim["runs"] < need:
             found.append(f"{where}.runs={claim['runs']}: must be >= {need}, the fewest "
                          f"evaluation runs per side at which even a perfect attack refutes "

@@ -78,26 +78,17 @@ public names.
 
 from __future__ import annotations
 
-from ...lazy import lazy_attributes
+from .audit import audit_implementation
 from .claim import (ALPHA, NO_VIOLATION, VIOLATES, VIOLATES_PROFILE, max_eps_lb, min_runs,
                     mu_claimed, verdict)
-
-# The rest imported on first use (dpaudit.lazy): the workflow's start-up checks a claim's
-# runs (min_runs) without torch.
-_WHERE = {"audit_implementation": "audit",
-          **dict.fromkeys(("INSERTION_ALPHA", "MODE_KEYWORDS", "MODES", "RELATION",
-                           "audit_whitebox", "check_insertions", "check_mode",
-                           "pretrained_init", "whitebox_clip"), "modes"),
-          **dict.fromkeys(("PROFILE_GRID", "ClaimedProfile", "claimed_profile",
-                           "profile_columns"), "profile"),
-          **dict.fromkeys(("REAUDIT_COLUMNS", "RUN_KEY", "compare_retrained", "reaudit"),
-                          "reaudit"),
-          **dict.fromkeys(("CALL_LIMIT", "CONTRACT", "SEED_CHECK", "Unauditable",
-                           "UserCodeFailed", "check_options", "check_seeds", "run_seeds",
-                           "train_runs", "trainer_digest", "user_call"), "runs"),
-          **dict.fromkeys(("GROUPS", "OWN_RUNS", "accuracy_columns", "audit_counts",
-                           "audit_loss_table", "audit_losses", "audit_scores"), "statistics")}
-__getattr__, __dir__ = lazy_attributes(globals(), _WHERE)
+from .modes import (INSERTION_ALPHA, MODE_KEYWORDS, MODES, RELATION, audit_whitebox,
+                    check_insertions, check_mode, pretrained_init, whitebox_clip)
+from .profile import PROFILE_GRID, ClaimedProfile, claimed_profile, profile_columns
+from .reaudit import REAUDIT_COLUMNS, RUN_KEY, compare_retrained, reaudit
+from .runs import (CALL_LIMIT, CONTRACT, SEED_CHECK, Unauditable, UserCodeFailed, check_options,
+                   check_seeds, run_seeds, train_runs, trainer_digest, user_call)
+from .statistics import (GROUPS, OWN_RUNS, accuracy_columns, audit_counts, audit_loss_table,
+                         audit_losses, audit_scores)
 
 __all__ = ["ALPHA", "VIOLATES", "VIOLATES_PROFILE", "NO_VIOLATION", "PROFILE_GRID",
            "GROUPS", "OWN_RUNS", "REAUDIT_COLUMNS", "RUN_KEY", "SEED_CHECK",
