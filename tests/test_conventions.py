@@ -114,10 +114,16 @@ def _json(value) -> str:
 def test_md_html_renders_the_pipe_table(tmp_path):
     from dpaudit.cli import main
 
-    md = tmp_path / "t.md"
-    md.write_text("Title line\n\n| eps_th | fixed, C=1 |\n|---|---|\n"
-                  "| 4 (1.55) | 0.90 (0.75) [0.41] |\n")
-    assert main(["md-html", "--md", str(md), "--out", str(tmp_path / "t.html")]) == 0
+    import pandas as pd
+
+    from dpaudit.io import write_markdown, write_table
+
+    md, table = tmp_path / "t.md", tmp_path / "t.csv"
+    write_markdown("Title line\n\n| eps_th | fixed, C=1 |\n|---|---|\n"
+                   "| 4 (1.55) | 0.90 (0.75) [0.41] |\n", md,
+                   write_table(pd.DataFrame({"eps_th": [4]}), table, {"seed": 0}))
+    assert main(["md-html", "--md", str(md), "--table", str(table), "--out",
+                 str(tmp_path / "t.html")]) == 0
     page = (tmp_path / "t.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "<p>Title line</p>" in page
     assert "<th>eps_th</th>" in page and "<td>0.90 (0.75) [0.41]</td>" in page

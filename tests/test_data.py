@@ -181,6 +181,16 @@ def test_subset_indices_is_the_legacy_global_stream():
 
 @pytest.mark.skipif(not all((data.FMNIST_DEBIAN_DIR / f"{n}.gz").is_file() for n in data.FMNIST_FILES),
                     reason="Debian dataset-fashion-mnist not installed")
+def test_the_md5s_checked_are_the_published_ones():
+    """The md5s the reader checks the raw Fashion-MNIST files against are those listed
+    here (shared/data/README.md), and the sizes those of the official files (16- and
+    8-byte headers, 28 x 28 images)."""
+    assert data.IDX_MD5["FashionMNIST"] == FMNIST_MD5
+    for split, n in (("train", 60_000), ("t10k", 10_000)):
+        assert data.IDX_SIZES[f"{split}-images-idx3-ubyte"] == 16 + n * 28 * 28
+        assert data.IDX_SIZES[f"{split}-labels-idx1-ubyte"] == 8 + n
+
+
 def test_real_fmnist_from_debian(tmp_path):
     X, y = data.load_fmnist(tmp_path)
     raw = tmp_path / "FashionMNIST" / "raw"

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpaudit import __version__, dpsgd
+from dpaudit import dpsgd
 from dpaudit.experiments import jagielski
 from dpaudit.io import BODY_SHA256, BadInputFile, read_table, write_table
 from test_jagielski import TRAIN_SPEC, _task, _train_cli
@@ -42,10 +42,16 @@ def _edit_field(text: str, line: int, column: str, value: str) -> str:
     return "\n".join(lines)
 
 
-def _older(text: str) -> str:
-    """``text`` (a table file) as a version older than HASHED_SINCE wrote it: no hash."""
-    return text.replace(f'"{BODY_SHA256}"', '"was_hash"').replace(
-        f'"dpaudit_version": "{__version__}"', '"dpaudit_version": "0.1.0"')
+def _rehashed(text: str) -> str:
+    """``text`` (a table file) with its recorded hash made that of its rows again, as an
+    edit that recomputes it would leave it."""
+    import hashlib
+    import json
+
+    head, body = text.split("\n", 1)
+    prefix, meta = head.split(" ", 2)[:2], json.loads(head.split(" ", 2)[2])
+    meta[BODY_SHA256] = hashlib.sha256(body.encode()).hexdigest()
+    return " ".join([*prefix, json.dumps(meta, sort_keys=True)]) + "\n" + body
 
 
 TAMPER = {
@@ -141,8 +147,8 @@ def test_a_truncated_score_table_is_refused_naming_it(tmp_path, capsys, score_ta
     score_table.write_text(cut)
     out = tmp_path / "cut.csv"
     _refused(_audit_argv(score_table, out), capsys, score_table, "content hash")
-    # without a recorded hash (a table of an older version): the rows per side
-    score_table.write_text(_older(cut))
+    # its hash recomputed after the cut: the rows per side
+    score_table.write_text(_rehashed(cut))
     _refused(_audit_argv(score_table, out), capsys, score_table,
              "side k1: 6 rows, but its provenance records 8 trials per side")
     assert not out.exists()
@@ -164,10 +170,9 @@ def test_an_edited_result_table_is_not_plotted(tmp_path, capsys, score_table):
     assert not (tmp_path / "fig2.pdf").exists()
     _refused(["jagielski-plot", "--experiment", "fig2", "--table", str(fig2), "--out",
               str(tmp_path / "f.pdf")], capsys, fig2, "content hash")
-    # a table with no recorded hash (an older version's) is read, but only with the trials
-    # its provenance records
+    # a table whose hash matches its rows (recomputed after an edit) is read, but only
+    # with the trials its provenance records
     write_table(table.assign(trials=6), fig2, {"spec": AUDIT})
-    fig2.write_text(_older(fig2.read_text()))
     with pytest.raises(BadInputFile, match=r"rows of trials \[6\], but its provenance records 8"):
         plot_fig2(fig2, tmp_path / "fig2.pdf")
 

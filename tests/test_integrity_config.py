@@ -201,6 +201,94 @@ def test_values_that_conflict_with_other_keys_or_the_data_are_refused_naming_the
         assert word in str(err.value), str(err.value)
 
 
+ONE_EPOCH = {"arch": "lr", "batch_size": 5, "steps_per_epoch": 20, "epochs": 1, "eps": 2}
+
+
+@pytest.mark.parametrize("overlay,words", [
+    ({"shuffle": {"settings": [{**ONE_EPOCH, "batch_size": 100, "steps_per_epoch": 100}]}},
+     ["shuffle.settings[0]: batch_size x steps_per_epoch = 10000: must be <= 6000"]),
+    ({"shuffle": {"subjects": ["shuffle-once"], "settings": [ONE_EPOCH]}},
+     ["shuffle.subjects: [shuffle-once] alone must come with a setting of epochs > 1"]),
+    ({"shuffle": {"select_frac": 0.001}},
+     ["shuffle.select_frac=0.001 of shuffle.runs=400: must leave at least one run per side"]),
+    ({"shuffle": {"settings": [{**ONE_EPOCH, "runs": 4}], "select_frac": 0.2}},
+     ["shuffle.select_frac=0.2 of shuffle.settings[0].runs=4"]),
+    ({"tight": {"runs": 4, "select_frac": 0.1}},
+     ["tight.select_frac=0.1 of tight.runs=4: must leave at least one run per side"]),
+    ({"tramer": {"runs": 5}},
+     ["tramer.runs=5: must be >= 40, the fewest evaluation runs per side at which even a "
+      "perfect attack refutes the claim eps=0.21, delta=1e-05 at confidence 1 - "
+      "tramer.alpha=1e-10"]),
+    ({"tramer": {"user": {"runs": 39}}}, ["tramer.user.runs=39: must be >= 40"]),
+    ({"tramer": {"user": {"train": "nomodule:train"}}},
+     ["tramer.user.train='nomodule:train': must name an importable module; 'nomodule' is "
+      "not found on the Python path"]),
+    ({"tramer": {"user": {"train": "dpaudit.nomodule:train"}}},
+     ["'dpaudit.nomodule' is not found"]),
+    ({"tramer": {"user": {"train": "nomodule.sub:train"}}}, ["'nomodule.sub' is not found"]),
+    ({"tramer": {"user": {"train": "nocolon"}}},
+     ["tramer.user.train='nocolon': must be 'module.path:function' or one of"]),
+    ({"tramer": {"n_train": 5800, "user": {"mode": "worst-case-init"}}},
+     ["tramer.n_train + tramer.user.n_aux = 6300: must be <= 6000"]),
+    ({"tramer": {"user": {"mode": "worst-case-init", "n_aux": 5600}}},
+     ["tramer.n_train + tramer.user.n_aux = 6100: must be <= 6000"]),
+    ({"tramer": {"val_runs": 1}}, ["tramer.val_runs=1", "minimum of 2"]),
+    ({"tramer": {"user": {"val_runs": 1}}}, ["tramer.user.val_runs=1", "minimum of 2"]),
+])
+def test_overlays_refused_only_when_their_job_ran_are_refused_at_start_up(overlay, words):
+    """Cross-key limits that once stopped a job after its start (or after training):
+    checked at start-up, naming the keys; the overlay's other keys keep quick.yaml's."""
+    cfg = load("quick.yaml")
+
+    def merge(base, over):
+        for key, value in over.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+    merge(cfg, copy.deepcopy(overlay))
+    with pytest.raises(SpecError) as err:
+        startup(cfg)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("eps, delta, alpha", [(0.21, 1e-5, 1e-10), (2.0, 1e-5, 0.05),
+                                               (8.0, 0.0, 0.01)])
+def test_the_runs_a_claim_needs_are_the_closed_forms(eps, delta, alpha):
+    """A perfect attack on n runs per side certifies ln((p - delta) / (1 - p)) with
+    p = (alpha/2)^(1/n), the Clopper-Pearson ends of n of n and 0 of n: the start-up's
+    least n is the first at which that exceeds the claim (40 for the paper's claim)."""
+    from dpaudit.bounds import perfect_eps_lb, runs_to_exceed
+
+    def closed(n):
+        p = (alpha / 2) ** (1 / n)
+        return math.log((p - delta) / (1 - p)) if p > delta else -math.inf
+
+    need = runs_to_exceed(eps, delta, alpha)
+    assert closed(need) > eps >= closed(need - 1)
+    # scipy's beta quantiles against the closed form
+    assert perfect_eps_lb(need, delta, alpha) == pytest.approx(closed(need), rel=1e-6)
+    if eps == 0.21:
+        assert need == 40
+
+
+def test_start_up_finds_user_modules_without_importing_them(tmp_path, monkeypatch):
+    """A module on the path is accepted without being run (its code could be slow or import
+    torch), a registry subject by name; the registry list is the subjects module's."""
+    from dpaudit import subjects
+    from dpaudit.experiments.checks import USER_REGISTRY
+
+    assert sorted(USER_REGISTRY) == sorted(subjects.SUBJECTS)
+    (tmp_path / "mytrainer.py").write_text("raise SystemExit('imported at start-up')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for train in ("mytrainer:train", "half-noise", "dpaudit.subjects:dpsgd_fixed"):
+        cfg = load("quick.yaml")
+        cfg["tramer"]["user"]["train"] = train
+        startup(cfg)
+    assert "mytrainer" not in sys.modules
+
+
 def test_one_run_comparison_reads_cells_the_training_grids_train():
     """With `compare_many_model`, each one-run eps label and the init are ones Figure 2 or
     Table 2 trains; both configs compare Figure 2's own FMNIST ClipBKD cells (quick: at
@@ -231,8 +319,11 @@ def test_one_run_comparison_reads_cells_the_training_grids_train():
 
 def test_the_workflow_stops_at_start_up_on_a_cross_key_conflict(tmp_path):
     overlay = tmp_path / "bad.yaml"
-    overlay.write_text(yaml.safe_dump({"jagielski": {"select_frac": 0.01},
-                                       "trials_needed": {"n_min": 50}}))
+    overlay.write_text(yaml.safe_dump({
+        "jagielski": {"select_frac": 0.01}, "trials_needed": {"n_min": 50},
+        "shuffle": {"subjects": ["shuffle-once"],
+                    "settings": [{**ONE_EPOCH, "batch_size": 100, "steps_per_epoch": 100}]},
+        "tramer": {"runs": 5, "user": {"train": "nomodule:train"}}}))
     out = subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-n", "--cores", "1",
          "--directory", str(tmp_path), "--configfile", str(ROOT / "config" / "quick.yaml"),
@@ -242,3 +333,8 @@ def test_the_workflow_stops_at_start_up_on_a_cross_key_conflict(tmp_path):
     text = out.stdout + out.stderr
     assert "invalid config: jagielski.select_frac=0.01 of jagielski.trials=40" in text, text
     assert "trials_needed.n_min=50: must be <= jagielski.trials=40" in text, text
+    for line in ("shuffle.settings[0]: batch_size x steps_per_epoch = 10000: must be <= 6000",
+                 "shuffle.subjects: [shuffle-once] alone must come with a setting of epochs > 1",
+                 "tramer.runs=5: must be >= 40",
+                 "tramer.user.train='nomodule:train': must name an importable module"):
+        assert line in text, text

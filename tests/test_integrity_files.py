@@ -25,7 +25,7 @@ from dpaudit.dpsgd import ModelSpec, init_params, save_params
 from dpaudit.experiments import abadi, jagielski
 from dpaudit.experiments.jagielski import TASK_ARRAYS
 from dpaudit.features import save_features
-from dpaudit.io import BadInputFile, read_table, write_table
+from dpaudit.io import BadInputFile, read_table, write_markdown, write_table
 from fakedata import FMNIST_FILES, fake_fmnist, idx_bytes, write_idx_gz, write_tree
 
 CONFIG = yaml.safe_load((Path(__file__).parents[1] / "config" / "config.yaml").read_text())
@@ -93,7 +93,7 @@ READERS = {
         "--task", "G", "--dataset", "fmnist", "--arch", "lr", "--attack", "mi",
         "--cells", _j([[1.0, "fixed", EPS]]), "--init-file", "F", "--spec", SPECS["train"],
         "--seed", "0", "--device", "cpu", "--out-dir", "O"]),
-    "md-html": ("md", ["--md", "F", "--out", "O.html"]),
+    "md-html": ("md", ["--md", "F", "--table", "T", "--out", "O.html"]),
 }
 
 
@@ -117,7 +117,7 @@ def _real_bytes(kind: str, tmp: Path) -> bytes:
         model = ModelSpec("lr", 6, 32)
         save_params(path, init_params(model, 1, [0], device="cpu"), model)
     else:
-        path.write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
+        write_markdown("| a | b |\n|---|---|\n| 1 | 2 |\n", path, "0" * 64)
     return path.read_bytes()
 
 
@@ -147,9 +147,11 @@ def test_every_reader_names_a_bad_input_file_and_exits_2(command, fault, tmp_pat
     kind, args = READERS[command]
     bad = _bad(kind, fault, tmp_path)
     _good_task(tmp_path / "good_task.npz")
+    good = {"G": tmp_path / "good_task.npz", "T": tmp_path / "good_table.csv"}
+    good["T"].write_bytes(_real_bytes("table", tmp_path))
     out = tmp_path / "out"
-    argv = [command.split()[0]] + [str(bad) if a == "F" else str(tmp_path / "good_task.npz")
-                                   if a == "G" else str(out / a) if a.startswith("O") else a
+    argv = [command.split()[0]] + [str(bad) if a == "F" else str(good[a]) if a in good
+                                   else str(out / a) if a.startswith("O") else a
                                    for a in args]
     code, err = _run(argv, capsys)
     assert code == 2, err
@@ -159,6 +161,42 @@ def test_every_reader_names_a_bad_input_file_and_exits_2(command, fault, tmp_pat
     # a trainer's advisory lock beside its folder (dpaudit.locks) is no output
     written = [p for p in out.rglob("*") if not (p.name.startswith(".") and p.suffix == ".lock")]
     assert not written, written
+
+
+MD_TEXT = "Title\n\n| eps_th | eps_lb |\n|---|---|\n| 4 | 0.90 |\n"
+
+
+@pytest.mark.parametrize("fault", ["edited-number", "no-hash-line", "another-table",
+                                   "hash-line-edited"])
+def test_md_html_renders_only_the_markdown_of_the_table_given(fault, tmp_path, capsys):
+    """A Markdown table ends in a line with its own hash and its table's: an edited number,
+    a hand-written table, one of another table or an edited hash line are refused."""
+    table, other, md = tmp_path / "t.csv", tmp_path / "u.csv", tmp_path / "t.md"
+    digest = write_table(pd.DataFrame({"eps_th": [4], "eps_lb": [0.9]}), table, {"seed": 0})
+    write_table(pd.DataFrame({"eps_th": [4], "eps_lb": [0.8]}), other, {"seed": 0})
+    write_markdown(MD_TEXT, md, digest)
+    html = tmp_path / "out" / "t.html"
+    assert main(["md-html", "--md", str(md), "--table", str(table), "--out", str(html)]) == 0
+    assert "<td>0.90</td>" in html.read_text()
+    html.unlink()
+    capsys.readouterr()
+    given = table
+    if fault == "edited-number":
+        md.write_text(md.read_text().replace("0.90", "0.99"))
+    elif fault == "no-hash-line":
+        md.write_text(MD_TEXT)
+    elif fault == "another-table":
+        given = other
+    else:
+        md.write_text(md.read_text().replace('"md_sha256": "', '"md_sha256": "0'))
+    code, err = _run(["md-html", "--md", str(md), "--table", str(given), "--out", str(html)],
+                     capsys)
+    assert code == 2 and len(err) == 1 and f"bad input file {md}: " in err[0], err
+    assert {"edited-number": "its text does not match the hash recorded when it was written",
+            "no-hash-line": "no hash line",
+            "another-table": "renders another table than the one given",
+            "hash-line-edited": "its text does not match the hash"}[fault] in err[0], err
+    assert not html.exists()
 
 
 def test_read_table_says_what_is_wrong(tmp_path):
@@ -349,6 +387,45 @@ def test_truncated_idx_file_is_named(tmp_path, capsys, cut):
     assert code == 2 and len(err) == 1 and str(bad) in err[0], err
     assert {"truncated": "truncated IDX", "labels-short": "labels for the",
             "not-idx": "not an IDX file"}[cut] in err[0]
+
+
+@pytest.mark.parametrize("fault", ["label-200", "real-size-altered"])
+def test_altered_idx_file_is_refused(tmp_path, capsys, fault):
+    """A label out of 0..9 in any IDX file, and a file of the official one's size whose
+    bytes are not the official ones (its md5), are refused naming the file."""
+    raw = tmp_path / "root" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    arrays = fake_fmnist(rng)
+    if fault != "label-200":  # the test split at its real size: 10,000 items
+        arrays["t10k-images-idx3-ubyte"] = rng.integers(0, 256, (10_000, 28, 28), np.uint8)
+        arrays["t10k-labels-idx1-ubyte"] = rng.integers(0, 10, 10_000).astype(np.uint8)
+    name = FMNIST_FILES[1 if fault == "label-200" else 2]
+    if fault == "label-200":
+        arrays[name][7] = 200
+    for n, arr in arrays.items():
+        (raw / n).write_bytes(idx_bytes(arr))
+    assert (raw / FMNIST_FILES[2]).stat().st_size == (data.IDX_SIZES[FMNIST_FILES[2]]
+                                                      if fault != "label-200" else 15_696)
+    code, err = _data("fmnist", _spec(tmp_path / "root"), tmp_path, capsys)
+    assert code == 2 and len(err) == 1 and str(raw / name) in err[0], err
+    assert ("label 200 at item 7" if fault == "label-200" else
+            "altered FashionMNIST file: the size of the official one but not its md5") in err[0]
+    assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize("dataset", ["fmnist", "cifar"])
+def test_a_data_root_that_cannot_be_made_is_one_line(dataset, tmp_path, capsys):
+    """Data decompressed, downloaded or unpacked into a root that cannot be made (under
+    /proc, even for root): one line naming data.root, before anything is read."""
+    tarball = tmp_path / "cifar10.tar.gz"
+    tarball.write_bytes(b"checked after the root")
+    spec = _spec("/proc/dpaudit/data", download=dataset == "fmnist",
+                 cifar10_tarball=str(tarball) if dataset == "cifar" else None)
+    code, err = _data(dataset, spec, tmp_path, capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "data.root = /proc/dpaudit/data: must be a folder that exists or can be made and " \
+           "written" in err[0] and "nothing can be made in /proc" in err[0], err
 
 
 def test_decompressed_idx_files_have_the_umask_mode(tmp_path, capsys):

@@ -6,6 +6,7 @@ message says; a kept block with a folder in its place stops the job in one line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -42,13 +43,12 @@ def _run(argv, capsys) -> tuple[int, list[str]]:
 
 
 def _refused(argv, capsys, path, reason: str, redo) -> None:
-    """``argv`` exits 2, its last line (the only one not of progress or of a table read
-    unverified) naming ``path``, ``reason`` and the command that makes ``redo`` again."""
+    """``argv`` exits 2, its last line (the only one not of progress) naming ``path``,
+    ``reason`` and the command that makes ``redo`` again."""
     code, err = _run(argv, capsys)
     command = f"dpaudit {argv[0]}: "
     assert code == 2 and err[-1].startswith(f"{command}bad input file {path}: "), err
-    assert not [line for line in err[:-1] if not (line.startswith(command)
-                                                  or line.endswith("read unverified"))], err
+    assert not [line for line in err[:-1] if not line.startswith(command)], err
     assert reason in err[-1] and f"; redo it: snakemake --forcerun {redo} " in err[-1], err
 
 
@@ -207,8 +207,9 @@ def _without_hash(path: Path, version: str | None) -> None:
 def test_every_table_records_its_hash_and_a_table_without_one_is_refused(tmp_path, capsys,
                                                                            score_table):
     """A table of this version always records its hash (every table is written by
-    write_table), so one without is refused as altered; an older version's is read, with
-    one line saying that its rows are unverified."""
+    write_table), so one without is refused as altered, and so is one whose header names
+    an older version: that claim is as easily written as the hash is dropped, and every
+    reference table records its hash."""
     assert [*map(int, __version__.split("."))] >= [*map(int, HASHED_SINCE.split("."))]
     _, meta = read_table(score_table)
     assert meta[BODY_SHA256] and meta["dpaudit_version"] == __version__
@@ -225,17 +226,16 @@ def test_every_table_records_its_hash_and_a_table_without_one_is_refused(tmp_pat
     _refused(_audit(score_table, out), capsys, score_table,
              "no content hash and no dpaudit version recorded", score_table.parent)
     assert not out.exists()
+    # nor is one whose header claims an older version (the claim is as easily written)
     _without_hash(score_table, "0.1.0")
-    code, err = _run(_audit(score_table, out), capsys)
-    assert code == 0 and [line for line in err if "unverified" in line] == [
-        f"{score_table}: no content hash recorded (written by dpaudit 0.1.0, older than "
-        f"{HASHED_SINCE}): its rows are read unverified"], err
-    # a kept block is never restored without its hash, whatever the version
-    block = next((tmp_path / "kept").glob("k1_*.csv"))
-    _without_hash(block, "0.1.0")
-    with pytest.raises(BadInputFile, match=r"no content hash recorded \(written by dpaudit "
-                                           r"0\.1\.0, an older version\)"):
-        read_table(block, require_hash=True)
+    _refused(_audit(score_table, out), capsys, score_table,
+             f"no content hash recorded (its header names dpaudit 0.1.0, older than "
+             f"{HASHED_SINCE}): its rows cannot be checked, so it is not read; make it again "
+             "with this version", score_table.parent)
+    assert not out.exists()
+    # every reference table records its hash
+    for ref in sorted((ROOT / "reference").glob("*.csv")):
+        assert read_table(ref)[1][BODY_SHA256], ref
 
 
 def test_a_damaged_score_table_names_the_command_that_trains_its_group_again(
@@ -247,10 +247,12 @@ def test_a_damaged_score_table_names_the_command_that_trains_its_group_again(
     # an absolute path is no output of the workflow's (a reference table): no command
     code, err = _run(_audit(score_table.resolve(), tmp_path / "fig2.csv"), capsys)
     assert code == 2 and "content hash" in err[-1] and "redo it" not in err[-1], err
-    # an older version's table without a hash, its last row cut: its rows per side
-    score_table.write_text(text.replace(f'"{BODY_SHA256}"', '"was"').replace(
-        f'"dpaudit_version": "{__version__}"', '"dpaudit_version": "0.1.0"')
-        .rsplit("\n", 2)[0] + "\n")
+    # its last row cut and its hash recomputed (an edit that knows the format): its rows
+    # per side
+    head, body = (text.rsplit("\n", 2)[0] + "\n").split("\n", 1)
+    meta = json.loads(head.split(": ", 1)[1])
+    meta[BODY_SHA256] = hashlib.sha256(body.encode()).hexdigest()
+    score_table.write_text(f"{head.split(': ', 1)[0]}: {json.dumps(meta)}\n{body}")
     _refused(_audit(score_table, tmp_path / "fig2.csv"), capsys, score_table,
              "side k2: 3 rows, but its provenance records 4 trials", score_table.parent)
 

@@ -230,8 +230,8 @@ def test_cli_writes_one_row_per_method(tmp_path, task_file, capsys):
 
 
 @pytest.mark.parametrize("spec, train, match", [
-    ({"bogus": 1}, {}, r"--spec.bogus: unknown key"), ({"eps": ["3"]}, {}, r"--spec.eps="),
-    ({"archs": ["cnn"]}, {}, "--spec.archs="), ({"runs": 1}, {}, "runs=1"),
+    ({"bogus": 1}, {}, r"tight.bogus: unknown key"), ({"eps": ["3"]}, {}, r"tight.eps: \['3'\]"),
+    ({"archs": ["cnn"]}, {}, r"tight.archs\[0\]='cnn'"), ({"runs": 1}, {}, "runs=1"),
     ({}, {"lr": None, "hidden": None}, None)])
 def test_cli_bad_spec_names_the_key(tmp_path, task_file, spec, train, match):
     import json
@@ -240,7 +240,7 @@ def test_cli_bad_spec_names_the_key(tmp_path, task_file, spec, train, match):
 
     train = {k: v for k, v in {**TRAIN, **train}.items() if v is not None}
     out = tmp_path / "x.csv"
-    with pytest.raises(SpecError, match=match or r"--train: missing keys \['lr', 'hidden'\]"):
+    with pytest.raises(SpecError, match=match or r"--train.(lr|hidden) is missing"):
         _cli(["tight-whitebox-audit", "--task", str(task_file), "--spec",
               json.dumps({**SPEC, **spec}), "--train", json.dumps(train), "--seed", "0",
               "--device", "cpu", "--out", str(out)])

@@ -3,12 +3,16 @@ the key reference generated from the schema's descriptions.
 
 ``schema.yaml`` (JSON Schema 2020-12, shipped in the package) is the single description of
 every key. The Snakefile validates the whole config against it at start-up; each CLI
-subcommand validates its ``--spec`` against its section (:func:`validate_section`), so a
-step run by hand is checked as strictly as one run by Snakemake; ``config/README.md`` is
-:func:`reference_markdown` (a test keeps it current). The validator refuses NaN and
-infinities wherever a number is wanted. Only checks that relate several keys are
-hand-written: those of a whole config in :mod:`dpaudit.experiments.checks`, which the
-workflow runs at start-up, and in the subcommand that needs them.
+subcommand validates every JSON argument it takes from the config (``--spec``,
+``--train``, ``--data``, ...) against its section, or named keys of sections, with
+:func:`validate_section`, so a step run by hand is checked as strictly as one run by
+Snakemake (tests/test_cli_wrong_input.py checks that each accepts exactly those keys;
+``audit-impl --spec``, the user's own spec passed to the user's function, is no config
+section); ``config/README.md`` is :func:`reference_markdown` (a test keeps it current).
+The validator refuses NaN and infinities wherever a number is wanted. Only checks that
+relate several keys are hand-written: those of a whole config in
+:mod:`dpaudit.experiments.checks`, which the workflow runs at start-up, and, with the
+same functions where they need no data, in the subcommand that needs them.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .io import BadInputFile, DataNotFound, atomic_path
+from .io import BadInputFile, DataNotFound, atomic_path, unwritable
 
 def _datasets():
     """``torchvision.datasets``, imported on first use: importing torchvision takes about
@@ -84,6 +84,10 @@ def _data_root(root: str | os.PathLike | None, download: bool) -> Path:
         raise DataNotFound(f"data.root = {root}: no such folder, and data.download is false. "
                            "Correct data.root, or create the folder and put the data there "
                            "(docs/data.md, section Offline).")
+    why = None if path.is_dir() else unwritable(path)
+    if why:  # the data would be decompressed or downloaded into it
+        raise DataNotFound(f"data.root = {path}: must be a folder that exists or can be made "
+                           f"and written; {why}")
     return path
 
 
@@ -157,14 +161,58 @@ def _idx_count(path: Path) -> int:
     return shape[0]
 
 
-def _check_idx(raw: Path, train: bool) -> None:
-    """The images and labels of a split in ``raw`` are whole IDX files of as many items."""
+#: Size (bytes) and md5 of each uncompressed IDX file of the official releases (LeCun et
+#: al.'s MNIST, Zalando's Fashion-MNIST; the Debian package dataset-fashion-mnist
+#: decompresses to the same bytes). torchvision checks the md5 of the .gz files it
+#: downloads, never of the raw files it reads, so a copy edited in place (a flipped pixel
+#: or label) would be read as the real data. A file of the real size must have the real
+#: md5; a file of another size is another data set (the tests' small IDX files), checked
+#: for whole items and labels in range only.
+IDX_SIZES = {"train-images-idx3-ubyte": 47_040_016, "train-labels-idx1-ubyte": 60_008,
+             "t10k-images-idx3-ubyte": 7_840_016, "t10k-labels-idx1-ubyte": 10_008}
+IDX_MD5 = {
+    "FashionMNIST": {"train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+                     "train-labels-idx1-ubyte": "9018921c3c673c538a1fc5bad174d6f9",
+                     "t10k-images-idx3-ubyte": "8181f5470baa50b63fa0f6fddb340f0a",
+                     "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965"},
+    "MNIST": {"train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+              "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+              "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+              "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637"}}
+#: Classes of both data sets: labels 0..9.
+IDX_CLASSES = 10
+
+
+def _md5(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_idx(raw: Path, train: bool, dataset: str = "FashionMNIST") -> None:
+    """The images and labels of a split of ``dataset`` in ``raw`` are whole IDX files of as
+    many items, with labels in 0..9, and a file of the real one's size is the real file
+    (:data:`IDX_MD5`); else :class:`BadInputFile`."""
     split = "train" if train else "t10k"
     paths = [raw / f"{split}-{kind}" for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")]
     counts = [_idx_count(p) for p in paths]
     if counts[0] != counts[1]:
         raise BadInputFile(paths[1], f"{counts[1]} labels for the {counts[0]} images of "
                                      f"{paths[0].name}: {_REFETCH}")
+    for path in paths:
+        want = IDX_MD5[dataset][path.name]
+        if path.stat().st_size == IDX_SIZES[path.name] and _md5(path) != want:
+            raise BadInputFile(path, f"altered {dataset} file: the size of the official one "
+                                     f"but not its md5 {want}: {_REFETCH}")
+    labels = np.fromfile(paths[1], np.uint8, offset=8)
+    if labels.size and labels.max() >= IDX_CLASSES:
+        raise BadInputFile(paths[1], f"label {int(labels.max())} at item "
+                                     f"{int(labels.argmax())}: must be in 0..{IDX_CLASSES - 1}: "
+                                     f"{_REFETCH}")
 
 
 def _decompress_idx_gz(gz_dir: Path, raw: Path) -> bool:
@@ -213,7 +261,7 @@ def _read_idx(dataset: str, root: Path, have: bool, train: bool, download: bool,
             download_error = err
     if not have:
         raise missing(download_error)
-    _check_idx(root / dataset / "raw", train)
+    _check_idx(root / dataset / "raw", train, dataset)
     ds = getattr(_datasets(), dataset)(root, train=train, download=False)
     return ds.data.numpy(), ds.targets.numpy().astype(np.int64)
 
@@ -255,6 +303,10 @@ def ensure_extracted(tar: str | os.PathLike, dest: str | os.PathLike) -> Path:
         raise DataNotFound(f"data.cifar10_tarball = {tar}: no such file (an ImageFolder tarball, "
                            "train/<class>/*, test/<class>/*, e.g. cifar10-jpeg.tar.gz; "
                            "docs/data.md, section Offline).")
+    why = unwritable(dest)
+    if why:
+        raise DataNotFound(f"data.root = {dest}: must be a folder that exists or can be made "
+                           f"and written, to unpack data.cifar10_tarball into; {why}")
     made = [p for p in (dest, *dest.parents) if not p.exists()]  # to remove on failure
     dest.mkdir(parents=True, exist_ok=True)
     try:

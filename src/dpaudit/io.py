@@ -14,7 +14,6 @@ import json
 import os
 import pickle
 import re
-import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +67,24 @@ class DataNotFound(FileNotFoundError):
     :mod:`dpaudit.data`; defined here so the CLI can report it without importing torch)."""
 
 
+def unwritable(folder: str | os.PathLike) -> str | None:
+    """Why ``folder`` cannot be made (if missing) and written, or None if it can: its
+    nearest existing ancestor must be a folder in which a file can be created. Tried with
+    an unnamed temporary file (nothing is left behind; ``os.access`` says yes to root even
+    where nothing can be made, e.g. under ``/proc``)."""
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"nothing can be made in {existing} ({exc.strerror or exc})"
+    return None
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` on success."""
@@ -99,8 +116,7 @@ def as_recorded(value: Any) -> Any:
 BODY_SHA256 = "body_sha256"
 
 #: The version from which every file dpaudit writes records its content hash (a table
-#: :data:`BODY_SHA256`, a ``.pt`` or ``.npz`` :data:`CONTENT_SHA256`): a table without one
-#: is read only if its provenance names an older version.
+#: :data:`BODY_SHA256`, a ``.pt`` or ``.npz`` :data:`CONTENT_SHA256`).
 HASHED_SINCE = "0.2.0"
 
 
@@ -108,27 +124,28 @@ def _version(text: Any) -> tuple[int, ...]:
     return tuple(map(int, re.findall(r"\d+", str(text))[:3]))
 
 
-def _unhashed(meta: dict[str, Any], path, require_hash: bool) -> str:
-    """Why a table whose provenance ``meta`` records no content hash is refused, or (read
-    unverified) the line that says an older version wrote it."""
+def _unhashed(meta: dict[str, Any], path) -> BadInputFile:
+    """Why a table whose provenance ``meta`` records no content hash is refused. Every
+    table is: one of an older version too, since the version in its header is text that
+    an edit can change as easily as it drops the hash, and every reference table shipped
+    (reference/) records one; an older version's table is made again instead."""
     made = meta.get("dpaudit_version")
     if made is None:
-        raise BadInputFile(path, "no content hash and no dpaudit version recorded: not as "
-                                 "dpaudit writes a table (altered since?)", forcerun(path))
+        return BadInputFile(path, "no content hash and no dpaudit version recorded: not as "
+                                  "dpaudit writes a table (altered since?)", forcerun(path))
     if _version(made) >= _version(HASHED_SINCE):
-        raise BadInputFile(path, f"no content hash recorded, yet its provenance names "
-                                 f"dpaudit {made}, which records one: altered since it was "
-                                 f"written", forcerun(path))
-    if require_hash:
-        raise BadInputFile(path, f"no content hash recorded (written by dpaudit {made}, "
-                                 f"an older version)", forcerun(path))
-    return (f"{path}: no content hash recorded (written by dpaudit {made}, older than "
-            f"{HASHED_SINCE}): its rows are read unverified")
+        return BadInputFile(path, f"no content hash recorded, yet its provenance names "
+                                  f"dpaudit {made}, which records one: altered since it was "
+                                  f"written", forcerun(path))
+    return BadInputFile(path, f"no content hash recorded (its header names dpaudit {made}, "
+                              f"older than {HASHED_SINCE}): its rows cannot be checked, so "
+                              f"it is not read; make it again with this version",
+                        forcerun(path))
 
 
-def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> None:
+def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str, Any]) -> str:
     """Write ``df`` as CSV at ``path`` atomically, with ``provenance`` and the SHA-256 of the
-    rows (:data:`BODY_SHA256`) as a JSON header line."""
+    rows (:data:`BODY_SHA256`, returned) as a JSON header line."""
     body = df.to_csv(index=False).encode()
     meta = {"dpaudit_version": __version__, **provenance,
             BODY_SHA256: hashlib.sha256(body).hexdigest()}
@@ -136,6 +153,7 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, provenance: dict[str,
         with open(tmp, "wb") as fh:
             fh.write((_PREFIX + _provenance_json(meta) + "\n").encode())
             fh.write(body)
+    return meta[BODY_SHA256]
 
 
 def input_file(path: str | os.PathLike, kind: str) -> Path:
@@ -198,27 +216,25 @@ def require_columns(df: pd.DataFrame, provenance: dict[str, Any], path: str | os
                                  f"{', '.join(missing)} ({by})")
 
 
-def read_table(path: str | os.PathLike, require_hash: bool = False,
-               columns: Iterable[str] = (), what: str = "the kind read here"
-               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+def read_table(path: str | os.PathLike, columns: Iterable[str] = (),
+               what: str = "the kind read here") -> tuple[pd.DataFrame, dict[str, Any]]:
     """Read a table written by :func:`write_table`; return ``(frame, provenance)``. Every
     float reads back bit for bit, whatever the pandas version, so a table written again
     from what was read has the same bytes (kept blocks restored by a rerun).
 
     :class:`BadInputFile` if the file is not such a table or has no rows, if the rows do
     not have the SHA-256 the header records (the file was altered or truncated after it
-    was written), if the header records none and names no version older than
-    :data:`HASHED_SINCE` (or any, with ``require_hash``; an older version's table is
-    otherwise read, saying so on stderr), or if it lacks any of ``columns``, the columns
-    the caller reads (:func:`require_columns`; ``what``: the kind of table it reads)."""
+    was written) or the header records none (:func:`_unhashed`), or if it lacks any of
+    ``columns``, the columns the caller reads (:func:`require_columns`; ``what``: the
+    kind of table it reads)."""
     from io import BytesIO  # the standard library's
 
     head, _, body = input_file(path, _TABLE).read_bytes().partition(b"\n")
     meta = _header(head, path)
     recorded = meta.get(BODY_SHA256)
     if recorded is None:
-        print(_unhashed(meta, path, require_hash), file=sys.stderr)
-    elif hashlib.sha256(body).hexdigest() != recorded:
+        raise _unhashed(meta, path)
+    if hashlib.sha256(body).hexdigest() != recorded:
         raise BadInputFile(path, "its rows do not match the content hash recorded when it "
                                  "was written (altered or truncated since)", forcerun(path))
     try:
@@ -311,9 +327,56 @@ def read_torch(path: str | os.PathLike, kind: str, map_location="cpu") -> dict[s
 
 
 def write_text(text: str, path: str | os.PathLike) -> None:
-    """Write a text artefact (e.g. a Markdown table) atomically."""
+    """Write a text artefact atomically."""
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text)
+
+
+#: The last line of a Markdown table dpaudit writes (:func:`write_markdown`): an HTML
+#: comment, so invisible wherever the Markdown is rendered.
+_MD_PREFIX, _MD_SUFFIX = "<!-- dpaudit-table: ", " -->"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_markdown(text: str, path: str | os.PathLike, table_sha256: str) -> None:
+    """Write ``text``, a Markdown rendering of the result table whose rows have the
+    SHA-256 ``table_sha256`` (its :data:`BODY_SHA256`), atomically, with a last line
+    recording that hash and the text's own, which :func:`read_markdown` checks."""
+    meta = {"table_sha256": table_sha256, "md_sha256": _sha256(text)}
+    write_text(f"{text}{_MD_PREFIX}{_provenance_json(meta)}{_MD_SUFFIX}\n", path)
+
+
+def read_markdown(path: str | os.PathLike, table_sha256: str | None = None) -> str:
+    """The Markdown text of :func:`write_markdown` at ``path``, without its hash line;
+    :class:`BadInputFile` if it has no such line, if the text is not the one hashed (edited
+    since), or if it renders a table other than the one whose rows have ``table_sha256``
+    (None: not checked)."""
+    kind = "a Markdown table of dpaudit"
+    try:
+        whole = input_file(path, kind).read_text()
+    except UnicodeDecodeError:
+        raise BadInputFile(path, f"not a text file (expected {kind})") from None
+    text, _, last = whole.rstrip("\n").rpartition("\n")
+    text += "\n" if text else ""
+    meta = None
+    if last.startswith(_MD_PREFIX) and last.endswith(_MD_SUFFIX):
+        try:
+            meta = json.loads(last[len(_MD_PREFIX):-len(_MD_SUFFIX)])
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(meta, dict) or not {"table_sha256", "md_sha256"} <= set(meta):
+        raise BadInputFile(path, f"no hash line ({_MD_PREFIX.strip()} ...) at its end: not "
+                                 f"{kind} (written by hand, or edited?)", forcerun(path))
+    if _sha256(text) != meta["md_sha256"]:
+        raise BadInputFile(path, "its text does not match the hash recorded when it was "
+                                 "written (edited since)", forcerun(path))
+    if table_sha256 is not None and meta["table_sha256"] != table_sha256:
+        raise BadInputFile(path, "renders another table than the one given (their content "
+                                 "hashes differ)", forcerun(path))
+    return text
 
 
 def array_digest(arrays: dict[str, Any]) -> str:

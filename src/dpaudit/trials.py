@@ -119,7 +119,7 @@ def kept(store, key: dict, side: Side, start: int, seeds: Sequence[int]) -> dict
     if not kept_file(path):
         return None
     try:
-        table, prov = read_table(path, require_hash=True)
+        table, prov = read_table(path)
     except (BadInputFile, OSError) as exc:  # damaged since it was kept: say so, train again
         print(f"kept block {path}: {getattr(exc, 'reason', exc)}; training it again",
               file=sys.stderr)

@@ -207,7 +207,8 @@ rule jagielski_plot:
 # Table 2 as a table in the report (which shows HTML, not Markdown).
 rule jagielski_table2_html:
     input:
-        "results/jagielski_table2.md",
+        md="results/jagielski_table2.md",
+        table="results/jagielski_table2.csv",
     output:
         report(
             "results/jagielski_table2.html",
@@ -221,7 +222,7 @@ rule jagielski_table2_html:
     conda:
         ENV
     shell:
-        "dpaudit md-html --md {input} --out {output} 2> {log}"
+        "dpaudit md-html --md {input.md} --table {input.table} --out {output} 2> {log}"
 
 
 # Named targets: `snakemake jagielski_fig2` / `jagielski_table2`.

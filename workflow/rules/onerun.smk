@@ -1,5 +1,6 @@
 # One-run audits of DP-SGD (Steinke et al. 2023; Mahloujifar et al. 2025) on the FMNIST
 # cells of Jagielski et al.'s Figure 2: one job for the whole grid (minutes on a CPU).
+from dpaudit.cli import fmnist_train
 from dpaudit.cli.onerun import AUDIT_KEYS as ONERUN_KEYS
 
 FIGURES.append("figures/onerun_dpsgd.pdf")
@@ -25,13 +26,7 @@ rule onerun_audit:
         # Only what the audit depends on: editing the plot's keys or another eps's noise
         # reruns nothing.
         spec=quoted_json({k: ONERUN[k] for k in ONERUN_KEYS}),
-        train=quoted_json(
-            {
-                **{k: FMNIST[k] for k in ("epochs", "batch_size", "lr", "hidden")},
-                "noise": {e: FMNIST["noise"][e] for e in ONERUN["eps"]},
-                "clip": JAG["fig2"]["clip"],
-            }
-        ),
+        train=quoted_json(fmnist_train(JAG, {e: FMNIST["noise"][e] for e in ONERUN["eps"]})),
         seed=config["seed"],
         device=job_device(config["jagielski"]["device"]),
         inits=lambda wc, input: f"--init-files {input.inits}" if input.inits else "",

@@ -5,6 +5,8 @@
 # cells of Figure 2 and the one-run white-box audit at the same models and eps labels,
 # where their configs have them.  Named target `tight`; not in the default target (1000
 # runs per side and cell are hours of training).
+from dpaudit.cli import fmnist_train
+from dpaudit.cli.tight import BLACKBOX_SHARED as TIGHT_BLACKBOX_KEYS
 from dpaudit.cli.tight import SPEC_KEYS as TIGHT_WHITEBOX_KEYS
 
 TIGHT = config["tight"]
@@ -21,11 +23,7 @@ rule tight_whitebox:
     params:
         spec=quoted_json({k: TIGHT[k] for k in TIGHT_WHITEBOX_KEYS}),
         train=quoted_json(
-            {
-                **{k: TIGHT_FMNIST[k] for k in ("epochs", "batch_size", "lr", "hidden")},
-                "noise": {e: TIGHT_NOISE[e] for e in TIGHT["eps"]},
-                "clip": config["jagielski"]["fig2"]["clip"],
-            }
+            fmnist_train(config["jagielski"], {e: TIGHT_NOISE[e] for e in TIGHT["eps"]})
         ),
         seed=config["seed"],
         device=job_device(TIGHT["device"]),
@@ -65,7 +63,7 @@ rule tight_blackbox:
     params:
         spec=quoted_json(
             {
-                **{k: TIGHT[k] for k in ("runs", "archs", "eps", "alpha", "delta")},
+                **{k: TIGHT[k] for k in TIGHT_BLACKBOX_KEYS},
                 **TIGHT["blackbox"],
                 "hidden": TIGHT_FMNIST["hidden"],
             }

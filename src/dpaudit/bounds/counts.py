@@ -113,6 +113,31 @@ def eps_from_rate_bounds(tpr_lo, fpr_hi, delta: float = 0.0, k: int = 1) -> np.n
                       _eps_from_rates(1 - fpr_hi, 1 - tpr_lo, delta, k))
 
 
+def perfect_eps_lb(runs: int, delta: float, alpha: float) -> float:
+    """:func:`eps_lb_clopper_pearson` of a perfect attack (TPR = 1, FPR = 0) on ``runs``
+    trials per side: the most any attack can certify with that many."""
+    return float(eps_lb_clopper_pearson(runs, runs, 0, runs, alpha, delta))
+
+
+def runs_to_exceed(eps: float, delta: float, alpha: float) -> int:
+    """Fewest trials per side at which a perfect attack's eps_LB exceeds ``eps``.
+
+    With all n positive and no negative trials "in", the one-sided bounds are
+    ``TPR_lo = (alpha/2)^(1/n)`` and ``FPR_hi = 1 - TPR_lo``, so the best possible
+    ``eps_LB = ln((TPR_lo - delta) / (1 - TPR_lo))`` grows with n; below the returned n no
+    attack can certify more than ``eps`` at confidence ``1 - alpha`` (e.g. 40 for
+    (0.21, 1e-5) at alpha = 1e-10).
+    """
+    hi = 1
+    while perfect_eps_lb(hi, delta, alpha) <= eps:
+        hi *= 2
+    lo = hi // 2  # perfect_eps_lb(lo) <= eps (or lo = 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if perfect_eps_lb(mid, delta, alpha) > eps else (mid, hi)
+    return hi
+
+
 def _katz_ratio_lo(ct1, n1, ct2, n2, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """Lower end of the two-sided ``1 - alpha`` Katz interval for ``p1 / p2`` (a one-sided
     bound at ``alpha / 2``) and the estimate of ``p2`` it used, by statsmodels'

@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import __version__
 from ..config import SpecError
 from ..device import DeviceUnavailable
-from ..io import BadInputFile, DataNotFound
+from ..io import BadInputFile, DataNotFound, unwritable
 
 #: Subcommand modules, in help order.
 COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
@@ -53,20 +53,33 @@ def int_at_least(low: int):
 seed_arg = int_at_least(0)
 
 
+def _writable(text: str, folder: Path) -> None:
+    """ArgumentTypeError unless ``folder`` exists or can be made, and written
+    (:func:`dpaudit.io.unwritable`)."""
+    why = unwritable(folder)
+    if why:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a path whose folder can be made "
+                                         f"and written; {why}")
+
+
 def out_file(text: str) -> Path:
-    """argparse type: a file to write, so not an existing folder."""
+    """argparse type: a file to write, so not an existing folder, in a folder that exists
+    or can be made, and written."""
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path")
+    _writable(text, path.parent)
     return path
 
 
 def out_dir(text: str) -> Path:
-    """argparse type: a folder to write into (made if missing), so not an existing file."""
+    """argparse type: a folder to write into (made if missing), so not an existing file,
+    and one that can be made and written."""
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder; give a folder "
                                          "path")
+    _writable(text, path)
     return path
 
 
@@ -95,6 +108,36 @@ def made_by(provenance: dict, path, command: str, **expect) -> None:
         if provenance.get(key, want) != want:
             raise BadInputFile(path, f"a file of {command} with {key} {provenance[key]!r}, "
                                      f"not {want!r}")
+
+
+#: Keys of ``--train`` of the audits on the FMNIST cells of Jagielski et al.'s Figure 2
+#: (``tight-whitebox-audit``, ``onerun-audit``), each with the config section whose schema
+#: it follows: the DP-SGD set-up of ``jagielski.datasets.fmnist`` and Figure 2's clip.
+FMNIST_TRAIN = {**dict.fromkeys(("epochs", "batch_size", "lr", "hidden", "noise"),
+                                ("jagielski", "datasets", "fmnist")),
+                "clip": ("jagielski", "fig2")}
+
+
+def fmnist_train(jag: dict, noise: dict) -> dict:
+    """The ``--train`` of :data:`FMNIST_TRAIN` from the config's ``jagielski`` section, with
+    ``noise`` (eps label -> noise multiplier) for the labels the job trains."""
+    out = {}
+    for key, where in FMNIST_TRAIN.items():
+        section = {"jagielski": jag}
+        for part in where:
+            section = section[part]
+        out[key] = section[key]
+    return {**out, "noise": noise}
+
+
+def fmnist_train_schema() -> dict:
+    """The schema of ``--train`` (:data:`FMNIST_TRAIN`): every key required, each its own
+    section's schema."""
+    from ..config import section_schema
+
+    return {"type": "object", "additionalProperties": False, "required": list(FMNIST_TRAIN),
+            "properties": {k: section_schema(*where)["properties"][k]
+                           for k, where in FMNIST_TRAIN.items()}}
 
 
 def kept_folder(store: Path | None, name: str) -> Path | None:

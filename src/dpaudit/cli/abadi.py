@@ -58,19 +58,20 @@ def _train(args) -> None:
     spec = validate_section(args.spec, "abadi", args.figure, schema_node=job_schema(args.figure))
     level = validate_section(args.level, "abadi", args.figure, "levels",
                              schema_node=level_schema(args.figure))
+    if args.figure == "fig3":
+        if args.data is None:
+            raise SpecError("abadi-train --figure fig3 needs --data (the data config section)")
+        data = validate_section(args.data, "data")
+    elif args.features is None:
+        raise SpecError("abadi-train --figure fig6 needs --features (from abadi-features)")
     device = resolve(args.device)
     log = say("abadi-train")
     prov = {"command": "abadi-train", "figure": args.figure, "spec": spec, "level": level,
             "seed": args.seed, "device": describe(device)["device"]}
     if args.figure == "fig3":
-        if args.data is None:
-            raise SpecError("abadi-train --figure fig3 needs --data (the data config section)")
-        data = validate_section(args.data, "data")
         rows, info = abadi.fig3_level(spec, level, data, args.seed, device, log)
         prov["data"] = data
     else:
-        if args.features is None:
-            raise SpecError("abadi-train --figure fig6 needs --features (from abadi-features)")
         from ..features import load_features
 
         arrays, feat = load_features(args.features, ("X", "y", "X_test", "y_test"))

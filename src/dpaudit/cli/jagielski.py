@@ -21,16 +21,17 @@ from . import (FIGURE_HELP, figure_out, int_at_least, made_by, out_dir, out_file
 from ..experiments.jagielski import AUDIT_KEYS, MADE_WITH_KEYS, PAPER_TOL, TASK_KEYS, TRAIN_KEYS
 
 
-def _train_schema() -> dict:
-    node = subset_schema(TRAIN_KEYS[:4] + TRAIN_KEYS[9:], "jagielski")
-    per_dataset = section_schema("jagielski", "datasets", "fmnist")["properties"]
-    node["properties"].update({k: per_dataset[k] for k in TRAIN_KEYS[4:8]})
-    node["properties"]["noise"] = {
-        "type": "object", "minProperties": 1,
-        "additionalProperties": {"type": "number", "minimum": 0},
-        "description": "DP-SGD noise multiplier of each eps label the job trains"}
-    node["required"] = list(TRAIN_KEYS)
-    return node
+def _train_schema(dataset: str) -> dict:
+    """The schema of ``jagielski-train --spec`` (:data:`TRAIN_KEYS`): each key the
+    ``jagielski`` section's where it has it, else the data set's section's; ``noise`` only
+    for the eps labels the job trains."""
+    jag = section_schema("jagielski")["properties"]
+    per_dataset = section_schema("jagielski", "datasets", dataset)["properties"]
+    props = {k: jag[k] if k in jag else per_dataset[k] for k in TRAIN_KEYS}
+    props["noise"] = {**per_dataset["noise"], "minProperties": 1,
+                      "description": "DP-SGD noise multiplier of each eps label the job trains"}
+    return {"type": "object", "additionalProperties": False, "required": list(TRAIN_KEYS),
+            "properties": props}
 
 
 def _dpsgd_config(ds: dict, clip: float, noise: float, init: str, sampling: str):
@@ -82,31 +83,44 @@ def _init(args) -> None:
     dpsgd.save_params(args.out, dpsgd.init_params(model, 1, [args.seed], device="cpu"), model)
 
 
-def _cells(value: str) -> list[tuple[float, str, str]]:
-    """``--cells``: a JSON list of [clip, init label, eps label]."""
-    import json
+def _cells_schema() -> dict:
+    """The schema of ``--cells``: a non-empty list of distinct ``[clip, init label, eps
+    label]``, the clip as ``jagielski.fig2.clip``, the init ``fixed`` or ``g<Glorot
+    scale>`` (its scale checked as the config's, by :func:`_cells`), the eps label as a
+    key of ``jagielski.datasets.<name>.noise``."""
+    fig2 = section_schema("jagielski", "fig2")["properties"]
+    noise = section_schema("jagielski", "datasets", "fmnist")["properties"]["noise"]
+    init = {"type": "string", "pattern": "^(fixed|g.+)$",
+            "description": "fixed or g<Glorot scale>, e.g. g1"}
+    label = {"type": "string", **noise["propertyNames"], "description": "an eps label"}
+    return {"type": "array", "minItems": 1, "uniqueItems": True,
+            "items": {"type": "array", "minItems": 3, "maxItems": 3,
+                      "prefixItems": [fig2["clip"], init, label],
+                      "description": "[clip, init, eps label], e.g. [1.0, \"g1\", \"8\"]"}}
 
-    import math
+
+def _cells(value: str) -> list[tuple[float, str, str]]:
+    """``--cells``: a JSON list of [clip, init label, eps label], checked against
+    :func:`_cells_schema`, each Glorot scale as the config's ``jagielski.fig2.init``."""
+    import json
 
     try:
         cells = json.loads(value)
-        out = [(float(c), str(i), str(e)) for c, i, e in cells]
-    except (ValueError, TypeError) as err:
+    except ValueError as err:
         raise SpecError(f"--cells {value!r}: must be a JSON list of [clip, init, eps] "
                         f"(e.g. [[1.0, \"g1\", \"8\"]]): {err}") from None
-    if not out or len(set(out)) != len(out):
-        raise SpecError("--cells: give at least one cell, each once")
-    for clip, init, _ in out:
-        if not (math.isfinite(clip) and clip > 0):
-            raise SpecError(f"--cells: clip {clip!r}: must be a finite number > 0")
-        try:
-            scale = 1.0 if init == "fixed" else float(init[1:]) if init[:1] == "g" else None
-        except ValueError:
-            scale = None
-        if scale is None or not (math.isfinite(scale) and scale > 0):
-            raise SpecError(f"--cells: init {init!r}: must be 'fixed' or 'g<Glorot scale>', a "
-                            "finite scale > 0 (e.g. g1)")
-    return out
+    validate_section(cells, "--cells", schema_node=_cells_schema())
+    scale = next(b for b in section_schema("jagielski", "fig2")["properties"]["init"]["oneOf"]
+                 if b.get("type") == "number")
+    for i, (_, init, _) in enumerate(cells):
+        if init != "fixed":
+            try:
+                s = float(init[1:])
+            except ValueError:
+                s = init[1:]
+            validate_section(s, f"--cells[{i}][1] (Glorot scale of {init!r})",
+                             schema_node=scale)
+    return [(float(c), i, e) for c, i, e in cells]
 
 
 def _train(args) -> None:
@@ -129,7 +143,7 @@ def _train_group(args) -> None:
     from ..experiments import jagielski
     from ..io import array_digest, write_table
 
-    spec = validate_section(args.spec, "jagielski", schema_node=_train_schema())
+    spec = validate_section(args.spec, "jagielski", schema_node=_train_schema(args.dataset))
     cells = _cells(args.cells)
     unknown = sorted({e for _, _, e in cells if e not in spec["noise"]})
     if unknown:
@@ -215,9 +229,11 @@ def _audit(args) -> None:
 
     from .. import dpsgd, seeds
     from ..experiments import jagielski
-    from ..io import write_table, write_text
+    from ..io import write_markdown, write_table
 
     # AUDIT_KEYS are used; the rest, what the cells were trained with, only recorded
+    if args.experiment == "table2" and args.md is None:
+        raise SpecError("--experiment table2 needs --md (the Markdown table)")
     node = subset_schema((*AUDIT_KEYS, *MADE_WITH_KEYS, "fig2", "table2"), "jagielski")
     spec = validate_section(args.spec, "jagielski", schema_node={**node, "required": list(AUDIT_KEYS)})
     rows = []
@@ -246,11 +262,10 @@ def _audit(args) -> None:
     prov = {"command": "jagielski-audit", "experiment": args.experiment, "spec": spec,
             "seed": args.seed, "resplits": jagielski.RESPLITS, "bootstraps": jagielski.BOOTSTRAPS}
     if args.experiment == "table2":
-        if args.md is None:
-            raise SpecError("--experiment table2 needs --md (the Markdown table)")
         table = jagielski.with_paper_table2(table)
-        write_text(jagielski.table2_markdown(table), args.md)
-    write_table(table, args.out, prov)
+    digest = write_table(table, args.out, prov)
+    if args.experiment == "table2":
+        write_markdown(jagielski.table2_markdown(table), args.md, digest)
 
 
 def _tolerance(text: str) -> float:
@@ -266,7 +281,7 @@ def _tolerance(text: str) -> float:
 
 def _markdown(args) -> None:
     from ..experiments import jagielski
-    from ..io import write_text
+    from ..io import BODY_SHA256, read_provenance, write_markdown
 
     table = jagielski.read_result_table(args.table, jagielski.TABLE2_COLUMNS,
                                         "jagielski-audit --experiment table2")
@@ -274,7 +289,7 @@ def _markdown(args) -> None:
         text = jagielski.table2_markdown(table, args.tolerance)
     except ValueError as exc:
         raise SpecError(f"--table {args.table}: {exc}") from exc
-    write_text(text, args.out)
+    write_markdown(text, args.out, read_provenance(args.table)[BODY_SHA256])
 
 
 def _plot(args) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from ..io import write_text
 from . import out_file
 
 #: A plain, readable table inside the report's frame.
@@ -26,21 +27,22 @@ def md_page(text: str, title: str) -> str:
 
 
 def _md_html(args) -> None:
-    from ..io import BadInputFile, input_file, write_text
+    from ..io import BODY_SHA256, BadInputFile, read_markdown, read_table
 
-    kind = "a Markdown table"
-    try:
-        text = input_file(args.md, kind).read_text()
-    except UnicodeDecodeError:
-        raise BadInputFile(args.md, f"not a text file (expected {kind})") from None
+    _, prov = read_table(args.table)
+    text = read_markdown(args.md, prov[BODY_SHA256])
     page = md_page(text, args.md.stem)
     if "<table>" not in page:  # an empty page would pass for the report's table
-        raise BadInputFile(args.md, f"no pipe table in it (expected {kind})")
+        raise BadInputFile(args.md, "no pipe table in it (expected a Markdown table)")
     write_text(page, args.out)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("md-html", help="a Markdown table as an HTML page (the report)")
-    p.add_argument("--md", type=Path, required=True, help="Markdown file")
+    p.add_argument("--md", type=Path, required=True,
+                   help="Markdown table that dpaudit wrote (it ends in a line holding its "
+                        "hash and that of the table it renders)")
+    p.add_argument("--table", type=Path, required=True,
+                   help="the result table (CSV) the Markdown renders")
     p.add_argument("--out", type=out_file, required=True, help="HTML file")
     p.set_defaults(func=_md_html)

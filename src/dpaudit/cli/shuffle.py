@@ -6,17 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import SpecError
+from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import resolve
 from . import FIGURE_HELP, figure_out, kept_folder, made_by, say, spec_arg
 from .tight import training_args
 
-#: Keys of ``--spec`` (config ``shuffle``, config/README.md).
-SPEC_KEYS = ("settings", "subjects", "mates", "runs", "hidden", "lr", "clip", "alpha",
-             "delta", "select_frac")
-#: Keys of each setting, and its optional key (runs per side in place of ``runs``).
-SETTING_KEYS = ("arch", "batch_size", "steps_per_epoch", "epochs", "eps")
-SETTING_OPTIONAL = ("runs",)
+#: Keys of ``--spec``: the config section ``shuffle`` without ``device`` (the rule passes
+#: it as ``--device``), read from the schema (config/README.md).
+SPEC_KEYS = tuple(k for k in section_schema("shuffle")["properties"] if k != "device")
 #: Columns of ``results/shuffle_audit.csv``, in order (docs/results.md).
 TABLE_COLUMNS = ("subject", "sampling", "accounting", "claimed_eps", "eps_lb", "certified",
                  "violation", "runs", "method", "threat_model", "relation", "mates",
@@ -25,45 +22,20 @@ TABLE_COLUMNS = ("subject", "sampling", "accounting", "claimed_eps", "eps_lb", "
                  "noise", "clip", "alpha", "delta", "select_frac", "seed")
 
 
-def _keys(value: dict, allowed: tuple, flag: str) -> None:
-    from .tight import _keys as keys
-
-    keys(value, allowed, flag)
-
-
 def settings(spec: dict) -> list:
     """The spec's settings, ``(Setting, runs per side)`` each
-    (:class:`dpaudit.experiments.shuffle.Setting`), each checked by name; subjects and
-    mates checked too."""
+    (:class:`dpaudit.experiments.shuffle.Setting`), after the whole spec is checked against
+    the schema's ``shuffle`` section and against the limits relating its keys that need no
+    data (:func:`dpaudit.experiments.checks.shuffle_problems`): all before any training."""
     from ..experiments import shuffle
+    from ..experiments.checks import shuffle_problems
 
-    _keys(spec, SPEC_KEYS, "--spec")
-    if not isinstance(spec["settings"], list) or not spec["settings"]:
-        raise SpecError("--spec.settings: must be a non-empty list of settings")
-    out = []
-    for i, setting in enumerate(spec["settings"]):
-        flag = f"--spec.settings[{i}]"
-        if not isinstance(setting, dict):
-            raise SpecError(f"{flag}: must be a mapping with keys {list(SETTING_KEYS)}")
-        runs = setting.get("runs", spec["runs"])
-        _keys({k: v for k, v in setting.items() if k not in SETTING_OPTIONAL}, SETTING_KEYS,
-              flag)
-        try:
-            out.append((shuffle.Setting(**{k: setting[k] for k in SETTING_KEYS}), runs))
-        except ValueError as exc:
-            raise SpecError(f"{flag}.{exc}") from exc
-    bad = [s for s in spec["subjects"] if s not in shuffle.SUBJECTS] \
-        if isinstance(spec["subjects"], list) else True
-    if bad or not spec["subjects"]:
-        raise SpecError(f"--spec.subjects={spec['subjects']!r}: must be a non-empty list of "
-                        f"{list(shuffle.SUBJECTS)}")
-    mates = spec["mates"]
-    if not isinstance(mates, list) or not mates or any(
-            isinstance(m, bool) or not isinstance(m, (int, float)) or not -1 <= m <= 1
-            for m in mates):
-        raise SpecError(f"--spec.mates={mates!r}: must be a non-empty list of numbers in "
-                        f"[-1, 1] (each batch mate's gradient along the canary)")
-    return out
+    validate_section(spec, "shuffle", schema_node=subset_schema(SPEC_KEYS, "shuffle"))
+    found = shuffle_problems(spec)
+    if found:
+        raise SpecError(found[0])
+    return [(shuffle.Setting(**{k: v for k, v in s.items() if k != "runs"}),
+             s.get("runs", spec["runs"])) for s in spec["settings"]]
 
 
 def _audit(args) -> None:
@@ -75,13 +47,10 @@ def _audit(args) -> None:
 
     spec = args.spec
     grid = settings(spec)
-    if set(spec["subjects"]) == {"shuffle-once"} and all(s.epochs == 1 for s, _ in grid):
-        raise SpecError("--spec: nothing to audit: shuffle-once at one epoch is shuffle and is "
-                        "not trained again; give another subject or a setting with epochs > 1")
     task, task_prov = _task(args.task)
     too_big = [s.label() for s, _ in grid if s.n > len(task.X)]
     if too_big:
-        raise SpecError(f"--spec.settings: batch_size x steps_per_epoch must be at most the "
+        raise SpecError(f"shuffle.settings: batch_size x steps_per_epoch must be at most the "
                         f"task's {len(task.X)} training rows; {too_big[0]} is not")
     log, device, rows = say("shuffle-audit"), resolve(args.device), []
     for setting, runs in grid:
@@ -126,8 +95,8 @@ def register(subparsers) -> None:
                               help="white-box audit of shuffled DP-SGD reported with Poisson "
                                    "accounting, beside Poisson DP-SGD")
     p.add_argument("--spec", type=spec_arg, required=True,
-                   help=f"JSON with keys {', '.join(SPEC_KEYS)}; each setting with keys "
-                        f"{', '.join(SETTING_KEYS)} and optionally runs (config `shuffle`)")
+                   help=f"JSON with keys {', '.join(SPEC_KEYS)} (config `shuffle` without "
+                        f"device, config/README.md)")
     training_args(p, "setting, subject and batch mates")
     p.set_defaults(func=_audit)
 

@@ -12,47 +12,40 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..config import SpecError
+from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
-from . import (FIGURE_HELP, figure_out, kept_folder, made_by, out_dir, out_file, say, seed_arg,
-               spec_arg)
+from . import (FIGURE_HELP, FMNIST_TRAIN, figure_out, fmnist_train_schema, kept_folder, made_by,
+               out_dir, out_file, say, seed_arg, spec_arg)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-#: Keys of ``--train``: the DP-SGD set-up of the FMNIST cells of Jagielski et al. 2020.
-TRAIN_KEYS = ("epochs", "batch_size", "lr", "hidden", "noise", "clip")
-#: Keys of ``--spec``: what the audit runs and its statistics.
-SPEC_KEYS = ("runs", "archs", "eps", "alpha", "delta", "select_frac")
-#: Keys of the black-box ``--spec``: runs, cells and statistics, the model's hidden width,
-#: and the full-batch set-up of the config's ``tight.blackbox``.
-BLACKBOX_KEYS = ("runs", "archs", "eps", "alpha", "delta", "hidden", "n_aux", "n", "steps",
-                 "lr", "clip", "canary", "inits")
+#: Keys of the ``tight`` section that the rules pass otherwise: the white box's noise goes
+#: in ``--train``, the device in ``--device``, the black box's set-up in its own spec.
+_NOT_IN_SPEC = ("noise", "device", "blackbox")
+#: Keys of ``--spec``: the ``tight`` section's keys but those (config/README.md).
+SPEC_KEYS = tuple(k for k in section_schema("tight")["properties"] if k not in _NOT_IN_SPEC)
+#: Keys of the ``tight`` section in the black-box ``--spec``, beside every key of
+#: ``tight.blackbox`` and the model's hidden width (``jagielski.datasets.fmnist.hidden``).
+BLACKBOX_SHARED = ("runs", "archs", "eps", "alpha", "delta")
+
+
+def blackbox_schema() -> dict:
+    """The schema of the black-box ``--spec``: :data:`BLACKBOX_SHARED` of ``tight``, the
+    whole of ``tight.blackbox`` and ``hidden``, every key required."""
+    node = subset_schema(BLACKBOX_SHARED, "tight")
+    box = section_schema("tight", "blackbox")["properties"]
+    node["properties"].update(box, hidden=section_schema(*FMNIST_TRAIN["hidden"])
+                              ["properties"]["hidden"])
+    node["required"] = list(node["properties"])
+    return node
+
+
 #: Columns of ``results/tight_audit.csv``, in order (docs/results.md).
 TABLE_COLUMNS = ("method", "threat_model", "relation", "kind", "setting", "arch",
                  "eps_label", "eps_th", "eps_rdp", "eps_lb", "certified", "runs", "mu_lb",
                  "eps_lb_gdp", "tpr", "fpr", "auc", "eps_lb_ratio", "noise", "q", "steps",
                  "n", "alpha", "delta", "seed")
-
-
-def _keys(value: dict, allowed: tuple, flag: str) -> None:
-    """Exactly the ``allowed`` keys, or a SpecError naming the first wrong one."""
-    for key in value:
-        if key not in allowed:
-            raise SpecError(f"{flag}.{key}: unknown key; allowed keys are {list(allowed)}")
-    missing = [k for k in allowed if k not in value]
-    if missing:
-        raise SpecError(f"{flag}: missing keys {missing} (needs {list(allowed)})")
-
-
-def _check_archs(spec: dict) -> None:
-    """SpecError unless ``spec["archs"]`` is a non-empty list of the trainer's models."""
-    from .. import dpsgd
-
-    bad = [a for a in spec["archs"] if a not in dpsgd.ARCHS]
-    if not spec["archs"] or bad:
-        raise SpecError(f"--spec.archs={spec['archs']!r}: must be a non-empty list of "
-                        f"{list(dpsgd.ARCHS)}")
 
 
 def _task(path):
@@ -71,14 +64,17 @@ def _audit(args) -> None:
     from ..experiments.tight import whitebox
     from ..io import write_table
 
-    spec, train = args.spec, args.train
-    _keys(spec, SPEC_KEYS, "--spec")
-    _keys(train, TRAIN_KEYS, "--train")
-    _check_archs(spec)
+    from ..experiments.checks import split_problems
+
+    spec = validate_section(args.spec, "tight", schema_node=subset_schema(SPEC_KEYS, "tight"))
+    train = validate_section(args.train, "--train", schema_node=fmnist_train_schema())
     missing = [e for e in spec["eps"] if e not in train["noise"]]
-    if not spec["eps"] or missing:
-        raise SpecError(f"--spec.eps={spec['eps']!r}: must be a non-empty list of keys of "
-                        f"--train.noise (allowed: {sorted(train['noise'])})")
+    if missing:
+        raise SpecError(f"tight.eps: {missing} must be keys of --train.noise (allowed: "
+                        f"{sorted(train['noise'])})")
+    found = split_problems("tight.select_frac", spec["select_frac"], "tight.runs", spec["runs"])
+    if found:
+        raise SpecError(found[0])
     task, task_prov = _task(args.task)
     log, device, rows = say("tight-whitebox-audit"), resolve(args.device), []
     for arch in spec["archs"]:
@@ -109,9 +105,7 @@ def _blackbox(args) -> None:
     from ..experiments.tight import blackbox
     from ..io import write_table
 
-    spec = args.spec
-    _keys(spec, BLACKBOX_KEYS, "--spec")
-    _check_archs(spec)
+    spec = validate_section(args.spec, "tight", schema_node=blackbox_schema())
     labels = []
     for label in spec["eps"]:
         try:
@@ -119,8 +113,8 @@ def _blackbox(args) -> None:
         except (TypeError, ValueError):
             labels.append((label, math.nan))
     if not labels or any(not v > 0 for _, v in labels):  # nan fails too
-        raise SpecError(f"--spec.eps={spec['eps']!r}: must be a non-empty list of eps labels, "
-                        f"numbers > 0 or \"inf\"")
+        raise SpecError(f"tight.eps={spec['eps']!r}: must be a list of eps labels, numbers > 0 "
+                        f"or \"inf\"")
     task, task_prov = _task(args.task)
     log, device, rows = say("tight-blackbox-audit"), resolve(args.device), []
     for arch in spec["archs"]:
@@ -215,7 +209,7 @@ def _table(args) -> None:
             ("onerun", "onerun-audit", joined.ONERUN_COLUMNS)):
         path = getattr(args, name)
         if path is not None:
-            given[name] = (*read_table(path, require_hash=True, columns=columns, what=what),
+            given[name] = (*read_table(path, columns=columns, what=what),
                            path)
     df = assemble(tables["whitebox"][0], tables["blackbox"][0], **given,
                   log=say("tight-table"))
@@ -251,7 +245,7 @@ def register(subparsers) -> None:
     p.add_argument("--spec", type=spec_arg, required=True,
                    help=f"JSON with keys {', '.join(SPEC_KEYS)} (runs per side)")
     p.add_argument("--train", type=spec_arg, required=True,
-                   help=f"DP-SGD set-up, JSON with keys {', '.join(TRAIN_KEYS)} (noise: "
+                   help=f"DP-SGD set-up, JSON with keys {', '.join(FMNIST_TRAIN)} (noise: "
                         f"{{eps label: noise multiplier}})")
     training_args(p)
     p.set_defaults(func=_audit)
@@ -260,7 +254,8 @@ def register(subparsers) -> None:
                               help="black-box audit of full-batch DP-SGD from worst-case "
                                    "initial parameters (final model only)")
     p.add_argument("--spec", type=spec_arg, required=True,
-                   help=f"JSON with keys {', '.join(BLACKBOX_KEYS)} (runs per side; the "
+                   help=f"JSON with keys {', '.join(blackbox_schema()['properties'])} (runs "
+                        f"per side; the "
                         f"noise of each eps label is calibrated by PLD)")
     training_args(p)
     p.set_defaults(func=_blackbox)

@@ -35,6 +35,12 @@ SPEC_KEYS = {
     "user": ("user", "alpha", "classes", "n_train", "batch_runs"),
 }
 
+#: Fewest validation runs per side (``--val-runs``, config ``tramer.val_runs``). The
+#: threshold is the distinct validation decision "loss < tau" with the largest validation
+#: eps_LB (ties: the largest TPR - FPR). One run per side gives one decision other than
+#: "all in" and "all out" (tau between the two losses), so the validation chooses nothing;
+#: two per side are the fewest that give it thresholds to choose among.
+MIN_VAL_RUNS = 2
 #: Leading columns of the audit table, in a fixed order; more follow.
 COLUMNS = ["implementation", "claimed_eps", "delta", "runs", "tpr", "fpr", "threshold",
            "eps_lb", "mu_lb", "verdict"]
@@ -82,7 +88,9 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
             f"--runs={runs}: too few evaluation runs per side for the claimed eps={eps:g} "
             f"at confidence 1 - {alpha:g}: even a perfect attack (TPR = 1, FPR = 0) on "
             f"{runs} runs certifies at most eps_LB={best:.3g}; need --runs >= {need}")
-    _positive_int(val_runs, "--val-runs")
+    if val_runs < MIN_VAL_RUNS:
+        raise SpecError(f"--val-runs={val_runs}: must be an integer >= {MIN_VAL_RUNS} "
+                        "(validation runs per side that choose the threshold)")
     _positive_int(n_train, "--n-train", 2)
     _positive_int(batch_runs, "--batch-runs")
     if not (call_limit == 0 or 0 < call_limit < math.inf):

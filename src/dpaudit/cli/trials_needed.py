@@ -28,7 +28,7 @@ def _check_cell(cell: dict, spec: dict, path) -> None:
 def _run(args) -> None:
     from ..experiments import trials_needed as tn
     from ..experiments.jagielski import read_scores
-    from ..io import write_table, write_text
+    from ..io import write_markdown, write_table
 
     spec = validate_section(args.spec, "trials_needed")
     audit = validate_section(args.audit, "jagielski",
@@ -45,8 +45,9 @@ def _run(args) -> None:
     summ = tn.summary(table, spec["fraction"])
     prov = {"command": "trials-needed", "spec": spec, "audit": audit, "seed": args.seed,
             "scores": [str(p) for p in args.scores]}
-    write_text(tn.markdown(summ, spec["fraction"], audit["alpha"], spec["subsamples"]), args.md)
-    write_table(summ, args.summary, prov)
+    digest = write_table(summ, args.summary, prov)
+    write_markdown(tn.markdown(summ, spec["fraction"], audit["alpha"], spec["subsamples"]),
+                   args.md, digest)
     write_table(table, args.out, prov)
 
 

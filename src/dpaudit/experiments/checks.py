@@ -31,6 +31,12 @@ MAX_ACCOUNTING_STEPS = 1_000_000
 #: Most canary coordinates m x d of one HW3 grid point (time grows with them; the
 #: homework's largest point, m = 16384 at d = 1e4 or m = 1000 at d = 1e5, has 1.6e8).
 MAX_HW3_COORDINATES = 10**10
+#: ``tramer.user.n_aux`` where it is not given (``dpaudit audit-impl --n-aux``'s default).
+USER_N_AUX = 500
+#: The registry names ``tramer.user.train`` may give instead of a module
+#: (:data:`dpaudit.subjects.SUBJECTS`, which imports torch; tests/test_integrity_config.py
+#: keeps the two equal).
+USER_REGISTRY = ("fixed", "buggy", "half-steps", "half-noise", "shuffle", "shuffle-once")
 
 
 def problems(config: dict) -> list[str]:
@@ -76,11 +82,7 @@ def problems(config: dict) -> list[str]:
     # Every split of trials into threshold-choosing and evaluating ones keeps one of each,
     # at the full count and at the fewest trials the trials-needed study subsamples.
     for key, n in (("jagielski.trials", jag["trials"]), ("trials_needed.n_min", tn["n_min"])):
-        cut = int(n * jag["select_frac"])
-        if min(cut, n - cut) < 1:
-            found.append(f"jagielski.select_frac={jag['select_frac']} of {key}={n}: must "
-                         "leave at least one trial per side to choose the threshold and one "
-                         f"to evaluate it (between {1 / n:.3g} and {1 - 1 / n:.3g})")
+        found += split_problems("jagielski.select_frac", jag["select_frac"], key, n)
     if tn["n_min"] > jag["trials"]:
         found.append(f"trials_needed.n_min={tn['n_min']}: must be <= jagielski.trials="
                      f"{jag['trials']} (the study subsamples the trained trials)")
@@ -115,6 +117,7 @@ def problems(config: dict) -> list[str]:
                              "each)")
 
     tramer = config["tramer"]
+    found += tramer_problems(tramer)
     most = TRAMER_PER_CLASS * len(tramer["classes"])
     if tramer["n_train"] > most:
         found.append(f"tramer.n_train={tramer['n_train']}: must be <= {most}, the "
@@ -182,6 +185,93 @@ def problems(config: dict) -> list[str]:
     if bb["n_aux"] + bb["n"] > JAGIELSKI_N["fmnist"]:
         found.append(f"tight.blackbox.n_aux + tight.blackbox.n = {bb['n_aux'] + bb['n']}: "
                      f"must be <= {JAGIELSKI_N['fmnist']}, the rows of the FMNIST task")
+    found += split_problems("tight.select_frac", tight["select_frac"], "tight.runs",
+                            tight["runs"])
+    found += shuffle_problems(config["shuffle"])
+    rows = JAGIELSKI_N["fmnist"]
+    for i, setting in enumerate(config["shuffle"]["settings"]):
+        n = setting["batch_size"] * setting["steps_per_epoch"]
+        if n > rows:
+            found.append(f"shuffle.settings[{i}]: batch_size x steps_per_epoch = {n}: must be "
+                         f"<= {rows}, the rows of the FMNIST task")
+    return found
+
+
+def split_problems(frac_key: str, frac: float, runs_key: str, runs: int) -> list[str]:
+    """The line (a list of at most one) saying that the first ``frac`` of ``runs`` trials
+    per side, which choose the threshold, leave none of a kind to choose or to evaluate
+    (the split of :func:`dpaudit.bounds.split_trials`)."""
+    cut = int(runs * frac)
+    if min(cut, runs - cut) >= 1:
+        return []
+    return [f"{frac_key}={frac} of {runs_key}={runs}: must leave at least one run per side to "
+            f"choose the threshold and one to evaluate it (between {1 / runs:.3g} and "
+            f"{1 - 1 / runs:.3g})"]
+
+
+def shuffle_problems(section: dict) -> list[str]:
+    """The cross-key limits of the ``shuffle`` section (as ``dpaudit shuffle-audit --spec``
+    gets it, schema-valid) that need no data: each setting's runs split by
+    ``select_frac``, and something to audit (``shuffle-once`` at one epoch is ``shuffle``
+    and is not trained again)."""
+    found = []
+    for i, setting in enumerate(section["settings"]):
+        runs, key = ((setting["runs"], f"shuffle.settings[{i}].runs") if "runs" in setting
+                     else (section["runs"], "shuffle.runs"))
+        found += split_problems("shuffle.select_frac", section["select_frac"], key, runs)
+    if set(section["subjects"]) == {"shuffle-once"} and all(
+            s["epochs"] == 1 for s in section["settings"]):
+        found.append("shuffle.subjects: [shuffle-once] alone must come with a setting of "
+                     "epochs > 1; at one epoch shuffle-once is shuffle and is not trained "
+                     "again, so nothing would be audited (add a subject or such a setting)")
+    return found
+
+
+def tramer_problems(section: dict) -> list[str]:
+    """The cross-key limits of the ``tramer`` section: evaluation runs enough for a
+    perfect attack to refute each claim at ``alpha`` (:func:`dpaudit.bounds.runs_to_exceed`,
+    as ``dpaudit audit-impl`` requires), and a
+    ``user.train`` whose module can be found (looked up, not imported: importing it may
+    import torch or run its code)."""
+    from importlib.util import find_spec
+
+    from ..bounds import runs_to_exceed
+
+    found = []
+    for where, claim in (("tramer", section), ("tramer.user", section["user"])):
+        need = runs_to_exceed(claim["eps"], claim["delta"], section["alpha"])
+        if claim["runs"] < need:
+            found.append(f"{where}.runs={claim['runs']}: must be >= {need}, the fewest "
+                         f"evaluation runs per side at which even a perfect attack refutes "
+                         f"the claim eps={claim['eps']:g}, delta={claim['delta']:g} at "
+                         f"confidence 1 - tramer.alpha={section['alpha']:g}")
+    user = section["user"]
+    if user.get("mode") == "worst-case-init":  # pre-trained on the rows after n_train
+        most = TRAMER_PER_CLASS * len(section["classes"])
+        n_aux = user.get("n_aux", USER_N_AUX)
+        if section["n_train"] + n_aux > most:
+            found.append(f"tramer.n_train + tramer.user.n_aux = {section['n_train'] + n_aux}: "
+                         f"must be <= {most}, the Fashion-MNIST images of tramer.classes in "
+                         "the reference subset (the worst-case init is pre-trained on the "
+                         "images after the training set)")
+    train = user["train"]
+    module, sep, name = train.partition(":")
+    if train in USER_REGISTRY:
+        return found
+    if not sep or not module or not name:
+        found.append(f"tramer.user.train={train!r}: must be 'module.path:function' or one of "
+                     f"{sorted(USER_REGISTRY)}")
+        return found
+    try:
+        spec = find_spec(module)
+    except (ImportError, ValueError) as err:  # a parent package that fails to import
+        spec, why = None, f" ({err})"
+    else:
+        why = ""
+    if spec is None:
+        found.append(f"tramer.user.train={train!r}: must name an importable module; "
+                     f"{module!r} is not found on the Python path{why} (put its folder on "
+                     "PYTHONPATH)")
     return found
 
 
@@ -192,5 +282,6 @@ def check_config(config: dict) -> None:
         raise SpecError("\n".join(found))
 
 
-__all__ = ["problems", "check_config", "JAGIELSKI_N", "MAX_ACCOUNTING_STEPS",
+__all__ = ["problems", "check_config", "split_problems", "shuffle_problems",
+           "tramer_problems", "USER_REGISTRY", "JAGIELSKI_N", "MAX_ACCOUNTING_STEPS",
            "MAX_HW3_COORDINATES"]

@@ -43,24 +43,13 @@ def verdict(eps_lb: float, claimed_eps: float, profile_violated: bool = False) -
 
 
 def max_eps_lb(runs: int, delta: float, alpha: float = ALPHA) -> float:
-    """eps_LB of a perfect attack (TPR = 1, FPR = 0) on ``runs`` evaluation runs per side."""
-    return bounds.eps_lb_clopper_pearson(runs, runs, 0, runs, alpha, delta)
+    """eps_LB of a perfect attack (TPR = 1, FPR = 0) on ``runs`` evaluation runs per side
+    (:func:`dpaudit.bounds.perfect_eps_lb`)."""
+    return bounds.perfect_eps_lb(runs, delta, alpha)
 
 
 def min_runs(claimed_eps: float, delta: float, alpha: float = ALPHA) -> int:
-    """Fewest evaluation runs per side at which a perfect attack's eps_LB exceeds ``claimed_eps``.
-
-    With all n positive and no negative runs "in", the one-sided bounds are
-    ``TPR_lo = (alpha/2)^(1/n)`` and ``FPR_hi = 1 - TPR_lo``, so the best possible
-    ``eps_LB = ln((TPR_lo - delta) / (1 - TPR_lo))`` grows with n; below the returned n no
-    attack can refute the claim at confidence ``1 - alpha`` (e.g. 40 for (0.21, 1e-5) at
-    alpha = 1e-10).
-    """
-    hi = 1
-    while max_eps_lb(hi, delta, alpha) <= claimed_eps:
-        hi *= 2
-    lo = hi // 2  # max_eps_lb(lo) <= claimed_eps (or lo = 0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if max_eps_lb(mid, delta, alpha) > claimed_eps else (mid, hi)
-    return hi
+    """Fewest evaluation runs per side at which a perfect attack's eps_LB exceeds
+    ``claimed_eps``: below it no attack can refute the claim at confidence ``1 - alpha``
+    (:func:`dpaudit.bounds.runs_to_exceed`; e.g. 40 for (0.21, 1e-5) at alpha = 1e-10)."""
+    return bounds.runs_to_exceed(claimed_eps, delta, alpha)
