@@ -229,3 +229,13 @@ def test_each_command_line_imports_its_own_module_only():
             "print(sorted(m for m in ('torch', 'dp_accounting') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "[]", out
+
+
+def test_dpaudit_alone_lists_its_commands_with_audit_impl_first(capsys):
+    from dpaudit import cli
+
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    listed = re.findall(r"^    ([a-z][-a-z0-9]+)", err, flags=re.M)
+    assert listed[0] == "audit-impl" and set(listed) == set(cli.COMMAND_MODULES), err
+    assert "docs/audit_your_implementation.md" in err and "``" not in err

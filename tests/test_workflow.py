@@ -108,15 +108,43 @@ def test_unknown_target_names_the_targets_that_exist(tmp_path):
     instead of Snakemake's bare MissingRuleException; a real target beside it is not
     named."""
     out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--",
-                    "figures/hw3_eps_vs_n.pdf", "figures/hw3_eps_vs_m.pdf", "tramer")
+                    "figures/hw3_eps_vs_n.pdf", "tramr", "zzqq", "figures/hw3_eps_vs_m.pdf",
+                    "tramer")
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "MissingRuleException" not in text
-    assert "figures/hw3_eps_vs_n.pdf: no rule makes it. A target is a name (abadi, all," in text
+    assert ("figures/hw3_eps_vs_n.pdf: no rule makes it (did you mean figures/hw3_eps_vs_m.pdf "
+            "or figures/hw3_eps_vs_d.pdf?). tramr: no rule makes it (did you mean tramer?). "
+            "zzqq: no rule makes it. A target is a name (abadi, all,") in text
     assert "figures/hw3_eps_vs_m.pdf, figures/jagielski_fig2.pdf" in text
     figures = text[text.index("a figure ("):text.index(") or any other file")]
     # the named targets' figures too, and only figures
     assert "figures/tight_audit.pdf, figures/tramer_canary_losses.pdf" in figures
     assert "figures/reference/tight_audit.pdf" in figures and ".html" not in figures
+
+
+def test_a_mistyped_target_is_answered_with_the_closest_ones_alone(tmp_path):
+    """Where every unknown target has a close match (difflib), the message is the guesses,
+    not the list of every target."""
+    out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--", "onrun",
+                    "figures/tramer_canary_loss.pdf")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert ("figures/tramer_canary_loss.pdf: no rule makes it (did you mean "
+            "figures/tramer_canary_losses.pdf or figures/reference/tramer_canary_losses.pdf?). "
+            "onrun: no rule makes it (did you mean "
+            "onerun?). The targets: README, Run.") in text and "A target is a name" not in text
+
+
+def test_a_dry_run_names_a_missing_data_folder(tmp_path):
+    """Offline with a data.root that does not exist: the dry run (exit 0: targets without
+    data still run) says so, naming the folder; an existing one is not named."""
+    missing = tmp_path / "no-such-data"
+    for root, said in ((missing, True), (tmp_path, False)):
+        out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--config",
+                        f"data={{root: {root}, download: false}}", "--", "hw3_eps")
+        assert out.returncode == 0, out.stderr[-2000:]
+        warning = f"dpaudit: warning: data.root = {root}: no such folder"
+        assert (warning in out.stderr) is said, out.stderr[-2000:]
 
 
 def test_nested_config_values_given_as_text_are_read_as_the_schema_wants(tmp_path):
@@ -333,7 +361,10 @@ class TestTinyRun:
             "config",
             "jagielski.fig2.init: 1.0 in results/jagielski_fig2.csv, 2.0 in this config",
             "jagielski.trials: 8 in results/jagielski_fig2.csv, 40 in this config"]
-        assert "--configfile" in out.stdout + out.stderr
+        text = " ".join((out.stdout + out.stderr).split())
+        # every --configfile of the run, the one given here named
+        assert f"every --configfile of the run, in its order (this command's: {tmp_path}" in text
+        assert "--configfile config/quick.yaml offline.yaml" in text
 
     def test_jagielski_figures_end_to_end_and_grids_resume(self, tiny_run, tmp_path):
         """Figure 2 and Table 2 from tiny real-format data; growing the grid trains only the
