@@ -290,3 +290,54 @@ def test_readme_own_code_command_runs_the_docs_example_as_printed(tmp_path):
                 if x.startswith("audit-impl: my_dpsgd:train: TPR "))
     assert f"(claimed eps {eps:g}); " in line and f": {said[0]};" in line, line
     assert (tmp_path / "results" / "my_audit.csv").is_file()
+
+
+def _img_sources():
+    """docs/img/sources.py, the record of which code draws each image of docs/img."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("img_sources", DOCS / "img" / "sources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_docs_image_is_as_new_as_the_code_that_draws_it():
+    """Each image of docs/img has an entry in docs/img/sources.json (the files of the code
+    that draws it, how it was made, that code's digest then), and the code has not changed
+    since: after a change, redraw the image as its entry says and record it
+    (`python docs/img/sources.py`). The known exceptions say why, and lose their note once
+    their code's digest matches again."""
+    sources = _img_sources()
+    manifest = sources.load()
+    images = {path.name for path in (DOCS / "img").glob("*.png")}
+    assert images == set(manifest), (f"no entry: {sorted(images - set(manifest))}; "
+                                     f"no image: {sorted(set(manifest) - images)}")
+    for name, entry in manifest.items():
+        assert entry["made_by"] and entry["drawn_by"], name
+        assert all((ROOT / path).is_file() for path in entry["drawn_by"]), name
+    changed = set(sources.changed(manifest))
+    known = {name for name, entry in manifest.items() if entry.get("stale")}
+    assert not changed - known, (
+        f"images older than the code that draws them: {sorted(changed - known)}; redraw each "
+        "as docs/img/sources.json says (made_by), then `python docs/img/sources.py IMAGE`")
+    assert known <= changed, f"as new as their code, drop the stale note: {sorted(known - changed)}"
+
+
+def test_image_digest_follows_the_code_not_the_file_times(tmp_path):
+    """The digest is of the files' paths and contents: a touched file keeps it, one changed
+    byte changes it."""
+    import os
+
+    sources = _img_sources()
+    files = ["src/dpaudit/plots/hw3.py", "src/dpaudit/plots/style.py"]
+    before = sources.digest(files)
+    assert before != sources.digest(files[::-1])
+    sources.ROOT = tmp_path  # a copy of the two files, made now
+    for rel in files:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes((ROOT / rel).read_bytes())
+    os.utime(tmp_path / files[0], (0, 0))
+    assert sources.digest(files) == before
+    (tmp_path / files[1]).write_bytes((ROOT / files[1]).read_bytes() + b"#")
+    assert sources.digest(files) != before
