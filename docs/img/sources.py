@@ -8,10 +8,10 @@ After redrawing an image (its ``made_by`` says how), record it::
 
     python docs/img/sources.py IMAGE.png [IMAGE.png ...]
 
-or, for a figure, downscale its PNG into docs/img (256 colours, ``WIDTH`` px wide) and
-record it in one go::
+or, for a figure, downscale its PNG into docs/img (``WIDTH`` px wide, ``COLOURS`` colours,
+256 if not given: fewer keep a busy figure under the docs' 150 KiB) and record it in one go::
 
-    python docs/img/sources.py --from figures/NAME.png IMAGE.png WIDTH
+    python docs/img/sources.py --from figures/NAME.png IMAGE.png WIDTH [COLOURS]
 
 ``python docs/img/sources.py`` alone lists the images whose code has changed since.
 An entry with ``stale`` is an image known to predate its code that cannot be redrawn here
@@ -58,19 +58,19 @@ def record(names: list[str]) -> None:
     MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
-def downscale(figure: str, image: str, width: int) -> None:
-    """``figure`` (a PNG) at ``width`` px, in 256 colours, as docs/img/``image``."""
+def downscale(figure: str, image: str, width: int, colours: int = 256) -> None:
+    """``figure`` (a PNG) at ``width`` px, in ``colours`` colours, as docs/img/``image``."""
     from PIL import Image
 
     im = Image.open(figure).convert("RGB")
     im = im.resize((width, round(im.height * width / im.width)), Image.LANCZOS)
-    im.quantize(256).save(MANIFEST.with_name(Path(image).name), optimize=True)
+    im.quantize(colours).save(MANIFEST.with_name(Path(image).name), optimize=True)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--from"]:
-        figure, image, width = sys.argv[2:5]
-        downscale(figure, image, int(width))
+        figure, image, width, *colours = sys.argv[2:6]
+        downscale(figure, image, int(width), *map(int, colours))
         record([image])
     elif sys.argv[1:]:
         record(sys.argv[1:])
