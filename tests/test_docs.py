@@ -322,6 +322,10 @@ def test_every_docs_image_is_as_new_as_the_code_that_draws_it():
         f"images older than the code that draws them: {sorted(changed - known)}; redraw each "
         "as docs/img/sources.json says (made_by), then `python docs/img/sources.py IMAGE`")
     assert known <= changed, f"as new as their code, drop the stale note: {sorted(known - changed)}"
+    if known:
+        import warnings
+
+        warnings.warn(f"docs images older than their code, not redrawn yet: {sorted(known)}")
 
 
 def test_image_digest_follows_the_code_not_the_file_times(tmp_path):
