@@ -243,7 +243,8 @@ def did_you_mean(target, known):
 def check_data_root():
     data = config.get("data") or {}
     root = data.get("root")
-    if not workflow.remote_exec and root and not data.get("download") and not os.path.isdir(os.path.expanduser(root)):
+    missing = root and not os.path.isdir(os.path.expanduser(root))
+    if missing and not data.get("download") and not workflow.remote_exec:
         print(f"dpaudit: warning: data.root = {root}: no such folder, and data.download is "
               "false: every job that reads Fashion-MNIST or CIFAR-10 will fail. Create it and "
               "put the data there, or correct data.root (docs/data.md, section Offline).",
