@@ -513,3 +513,13 @@ def test_audit_impl_needs_two_validation_runs_per_side(val_runs, ok, tmp_path, c
     assert code == 2 and len(err) == 1, err
     assert (f"--val-runs={val_runs}: must be an integer >= 2" in err[0]) != ok, err
     assert ok == ("cannot import module 'nomodule'" in err[0]), err  # the next check
+
+
+def test_dpaudit_alone_lists_its_commands_with_audit_impl_first(capsys):
+    from dpaudit import cli
+
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    listed = re.findall(r"^    ([a-z][-a-z0-9]+)", err, flags=re.M)
+    assert listed[0] == "audit-impl" and set(listed) == set(cli.COMMAND_MODULES), err
+    assert "docs/audit_your_implementation.md" in err and "``" not in err

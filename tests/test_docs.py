@@ -195,41 +195,153 @@ def test_docs_cite_by_author_not_by_input_file_or_issue():
     assert not found, found
 
 
-def test_readme_audit_example_runs_and_gives_the_verdict_it_explains(tmp_path, monkeypatch,
-                                                                     capsys):
-    """The README's "Audit your own DP-SGD" command, verbatim but for fewer runs, on a
-    function of its contract that adds no noise: the audit runs and prints the verdict the
-    README explains."""
+def _code_blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def _section(page: Path, heading: str) -> str:
+    """The text of ``page`` from ``heading`` (a whole heading line) to the next heading of
+    the same or a higher level (a ``#`` line inside a code block is no heading)."""
+    level, lines, fenced = len(heading.split(" ")[0]), None, False
+    for line in page.read_text().splitlines(keepends=True):
+        fenced ^= line.startswith("```")
+        if lines is None:
+            lines = [] if line.rstrip("\n") == heading else None
+        elif not fenced and re.match(rf"#{{1,{level}}} ", line):
+            break
+        else:
+            lines.append(line)
+    assert lines is not None, f"{page.name} has no heading {heading!r}"
+    return "".join(lines)
+
+
+def _own_code_example() -> tuple[str, str, str]:
+    """The README's own-code block (its three lines: the file, the command, the verdict),
+    after checking that its command is the docs' (Command line) and the file is the docs'
+    example; the example's code."""
+    signature, command, verdict = _code_blocks(
+        _section(README, "## Audit your own DP-SGD"), "bash")[0].strip().splitlines()
+    guide = DOCS / "audit_your_implementation.md"
+    docs_block = _code_blocks(_section(guide, "## Command line"), "bash")[0]
+    docs_command = " ".join(re.match(r"[^\n]*?(?:\\\n[^\n]*?)*(?=\n|$)", docs_block)
+                            .group(0).replace("\\\n", " ").split())
+    assert command == docs_command, "the README's own-code command is not the docs' command"
+    code = next(block for block in _code_blocks(_section(guide, "## Example"), "python")
+                if block.startswith("# my_dpsgd.py\n"))
+    assert "def train(X, y, seeds, spec)" in signature and "docs' example" in signature
+    return command, verdict, code
+
+
+def _fake_fmnist_files(root: Path) -> None:
+    """Fashion-MNIST in its IDX format (tests/fakedata.py): 1,100 training images (classes
+    0/1, the brighter class 1; the audit's half subset holds its 500 rows) and 100 test
+    images."""
+    import numpy as np
+    from fakedata import fake_fmnist, idx_bytes
+
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    arrays = fake_fmnist(np.random.default_rng(0), n_train=1100, n_test=100)
+    for split, n in (("train", 1100), ("t10k", 100)):
+        labels = (np.arange(n) % 2).astype(np.uint8)
+        arrays[f"{split}-labels-idx1-ubyte"] = labels
+        arrays[f"{split}-images-idx3-ubyte"] //= 2
+        arrays[f"{split}-images-idx3-ubyte"] += 128 * labels[:, None, None]
+    for name, arr in arrays.items():
+        (raw / name).write_bytes(idx_bytes(arr))
+
+
+#: The `dpaudit` command, run by this interpreter (with this checkout's dpaudit).
+DPAUDIT = "import sys; from dpaudit.cli import main; sys.exit(main())"
+
+
+def test_readme_own_code_command_runs_the_docs_example_as_printed(tmp_path):
+    """The README's "Audit your own DP-SGD" command, as printed but for its run counts, on
+    the docs' example my_dpsgd.py, in a fresh process in the example's folder, offline
+    (Fashion-MNIST files in the real format, $DPAUDIT_DATA). The run counts: the fewest the
+    claim allows at the command's alpha (40 per side for eps 0.21), 5 validation runs; the
+    README's 1000 + 200 take minutes. One thread, as a test worker has (each run is 100
+    tiny steps, which two threads on a busy machine slow many times over). The verdict is the first the README explains; the
+    second, for the example with sigma / 100, takes more runs (docs: 200 per side)."""
+    import os
     import shlex
+    import subprocess
+    import sys
 
-    import torch
+    from dpaudit.experiments.tramer import min_runs
 
-    from dpaudit.cli import main
+    command, verdict, code = _own_code_example()
+    env_var, program, *argv = shlex.split(command)
+    assert (env_var, program, argv[0]) == ("PYTHONPATH=.", "dpaudit", "audit-impl")
+    eps, delta = float(argv[argv.index("--eps") + 1]), float(argv[argv.index("--delta") + 1])
+    argv[argv.index("--runs") + 1] = str(min_runs(eps, delta))
+    argv[argv.index("--val-runs") + 1] = "5"
+    (tmp_path / "my_dpsgd.py").write_text(code)
+    _fake_fmnist_files(tmp_path / "data")
+    src = str(Path(__import__("dpaudit").__file__).parents[1])  # this checkout's dpaudit
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([".", src]),
+           "DPAUDIT_DATA": str(tmp_path / "data"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", DPAUDIT, *argv], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = re.findall(r'"([a-z ]+)"', verdict)
+    assert said[:2] == ["no violation detected", "violates its claimed guarantee"], verdict
+    line = next(x for x in out.stderr.splitlines()
+                if x.startswith("audit-impl: my_dpsgd:train: TPR "))
+    assert f"(claimed eps {eps:g}); " in line and f": {said[0]};" in line, line
+    assert (tmp_path / "results" / "my_audit.csv").is_file()
 
-    block = README.read_text().split("## Audit your own DP-SGD")[1].split("```bash\n")[1]
-    block = block.split("```")[0]
-    signature, command, verdict = block.strip().splitlines()
-    assert "def train(X, y, seeds, spec)" in signature
-    env, program, *argv = shlex.split(command)
-    assert (env, program) == ("PYTHONPATH=.", "dpaudit") and argv[0] == "audit-impl"
-    assert argv[argv.index("--train") + 1] == "my_dpsgd:train"
-    argv[argv.index("--runs") + 1] = "100"  # the fewest at eps 1 is 76
-    argv[argv.index("--out") + 1] = str(tmp_path / "my_audit.csv")
-    (tmp_path / "my_dpsgd.py").write_text(
-        "import torch\n\n"
-        "def train(X, y, seeds, spec):  # one gradient step from a seeded init, no noise\n"
-        "    g = (X[:, :, None] * (0.5 - torch.nn.functional.one_hot(y, spec['n_classes'])"
-        ")[:, None, :]).sum(0)\n"
-        "    W = torch.stack([torch.randn(g.shape, generator=torch.Generator().manual_seed(s))"
-        " * 1e-3 - g for s in seeds])\n"
-        "    return lambda x: x @ W\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    y = torch.arange(100) % 2
-    X = (torch.randn(100, 784, generator=torch.Generator().manual_seed(0))
-         + (2 * y[:, None] - 1) * 0.2)  # two classes a linear model tells apart
-    monkeypatch.setattr("dpaudit.data.load_fmnist",
-                        lambda root, classes, **kw: (X.numpy(), y.numpy()))
-    assert main([*argv, "--val-runs", "10", "--n-train", "100"]) == 0
-    said = re.search(r'"([a-z ]+)"', verdict).group(1)
-    assert said == "violates its claimed guarantee" and f": {said};" in capsys.readouterr().err
-    assert "no violation detected" in verdict
+
+def _img_sources():
+    """docs/img/sources.py, the record of which code draws each image of docs/img."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("img_sources", DOCS / "img" / "sources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_docs_image_is_as_new_as_the_code_that_draws_it():
+    """Each image of docs/img has an entry in docs/img/sources.json (the files of the code
+    that draws it, how it was made, that code's digest then), and the code has not changed
+    since: after a change, redraw the image as its entry says and record it
+    (`python docs/img/sources.py`). The known exceptions say why, and lose their note once
+    their code's digest matches again."""
+    sources = _img_sources()
+    manifest = sources.load()
+    images = {path.name for path in (DOCS / "img").glob("*.png")}
+    assert images == set(manifest), (f"no entry: {sorted(images - set(manifest))}; "
+                                     f"no image: {sorted(set(manifest) - images)}")
+    for name, entry in manifest.items():
+        assert entry["made_by"] and entry["drawn_by"], name
+        assert all((ROOT / path).is_file() for path in entry["drawn_by"]), name
+    changed = set(sources.changed(manifest))
+    known = {name for name, entry in manifest.items() if entry.get("stale")}
+    assert not changed - known, (
+        f"images older than the code that draws them: {sorted(changed - known)}; redraw each "
+        "as docs/img/sources.json says (made_by), then `python docs/img/sources.py IMAGE`")
+    assert known <= changed, f"as new as their code, drop the stale note: {sorted(known - changed)}"
+    if known:
+        import warnings
+
+        warnings.warn(f"docs images older than their code, not redrawn yet: {sorted(known)}")
+
+
+def test_image_digest_follows_the_code_not_the_file_times(tmp_path):
+    """The digest is of the files' paths and contents: a touched file keeps it, one changed
+    byte changes it."""
+    import os
+
+    sources = _img_sources()
+    files = ["src/dpaudit/plots/hw3.py", "src/dpaudit/plots/style.py"]
+    before = sources.digest(files)
+    assert before != sources.digest(files[::-1])
+    sources.ROOT = tmp_path  # a copy of the two files, made now
+    for rel in files:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes((ROOT / rel).read_bytes())
+    os.utime(tmp_path / files[0], (0, 0))
+    assert sources.digest(files) == before
+    (tmp_path / files[1]).write_bytes((ROOT / files[1]).read_bytes() + b"#")
+    assert sources.digest(files) != before

@@ -4,6 +4,8 @@ trainer on the same model and initial parameters; tiny models, a few steps."""
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from torch import nn
 from dpaudit import accounting, dpsgd
 
 opacus = pytest.importorskip("opacus")
-from dpaudit.adapters.opacus import OpacusTrainer, _Scores, run_seeds  # noqa: E402
+from dpaudit.adapters.opacus import INSTALL, OpacusTrainer, _Scores, run_seeds  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*[Ff]ull backward hook")
 
@@ -467,3 +469,50 @@ def test_example_script_runs_every_audit_in_its_own_processes(tmp_path):
             ("no violation detected", "violates its claimed guarantee",
              "violates the claimed DP-SGD privacy profile")), line
         assert (tmp_path / "out" / f"{name}_{mode}.csv").is_file()
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "opacus"
+
+
+def _example(script: str, *argv: str, without_opacus: bool = False):
+    """``python examples/opacus/SCRIPT ARGV`` in a fresh interpreter (optionally as if Opacus
+    were not installed): its exit code and output."""
+    import subprocess
+    import sys
+
+    hide = "sys.modules['opacus'] = None; " if without_opacus else ""
+    code = (f"import runpy, sys; {hide}sys.argv = {[script, *argv]!r}; "
+            f"runpy.run_path({str(EXAMPLES / script)!r}, run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    return out.returncode, out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("script", ["audit.py", "shuffle_whitebox.py"])
+def test_example_help_is_whole_plain_text_and_names_every_option(script):
+    """--help: the whole description (each paragraph ends in a full stop), no reST markup,
+    a help text for every option; audit.py's --help needs no Opacus and says up front that
+    the example trains on Fashion-MNIST 0/1, not the user's data."""
+    code, out, err = _example(script, "--help", without_opacus=script == "audit.py")
+    assert code == 0, err
+    description, options = out.split("\n\n", 1)[1].split("\noptions:\n")
+    assert "``" not in out and ":class:" not in out and ":func:" not in out
+    for paragraph in description.strip().split("\n\n"):
+        if not paragraph.startswith("    "):  # a command shown indented
+            assert paragraph.rstrip().endswith((".", ".)", "\".", ":")), paragraph
+    assert 'pip install -e ".[opacus]"' in description
+    entries = re.split(r"\n(?=  -)", options.strip("\n"))
+    helps = [re.sub(r"^  -[-\w]+(?:, --[-\w]+)?(?: [A-Z_]+)?", "", e).strip() for e in entries]
+    assert len(entries) >= 5 and all(helps), options
+    if script == "audit.py":
+        first = description.strip().split("\n\n")[1]
+        assert "Fashion-MNIST classes 0/1 (784 inputs" in first and "not your data" in first
+
+
+def test_example_without_opacus_ends_in_one_line_saying_how_to_install_it(tmp_path):
+    code, out, err = _example("audit.py", "--quick", "--out", str(tmp_path), without_opacus=True)
+    assert code == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (
+        "audit.py: error: dpaudit.adapters.opacus needs Opacus (>= 1.5), which is not "
+        "installed: " + INSTALL)
+    assert 'pip install -e ".[opacus]"' in INSTALL

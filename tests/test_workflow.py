@@ -108,15 +108,43 @@ def test_unknown_target_names_the_targets_that_exist(tmp_path):
     instead of Snakemake's bare MissingRuleException; a real target beside it is not
     named."""
     out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--",
-                    "figures/hw3_eps_vs_n.pdf", "figures/hw3_eps_vs_m.pdf", "tramer")
+                    "figures/hw3_eps_vs_n.pdf", "tramr", "zzqq", "figures/hw3_eps_vs_m.pdf",
+                    "tramer")
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "MissingRuleException" not in text
-    assert "figures/hw3_eps_vs_n.pdf: no rule makes it. A target is a name (abadi, all," in text
+    assert ("figures/hw3_eps_vs_n.pdf: no rule makes it (did you mean figures/hw3_eps_vs_m.pdf "
+            "or figures/hw3_eps_vs_d.pdf?). tramr: no rule makes it (did you mean tramer?). "
+            "zzqq: no rule makes it. A target is a name (abadi, all,") in text
     assert "figures/hw3_eps_vs_m.pdf, figures/jagielski_fig2.pdf" in text
     figures = text[text.index("a figure ("):text.index(") or any other file")]
     # the named targets' figures too, and only figures
     assert "figures/tight_audit.pdf, figures/tramer_canary_losses.pdf" in figures
     assert "figures/reference/tight_audit.pdf" in figures and ".html" not in figures
+
+
+def test_a_mistyped_target_is_answered_with_the_closest_ones_alone(tmp_path):
+    """Where every unknown target has a close match (difflib), the message is the guesses,
+    not the list of every target."""
+    out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--", "onrun",
+                    "figures/tramer_canary_loss.pdf")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert ("figures/tramer_canary_loss.pdf: no rule makes it (did you mean "
+            "figures/tramer_canary_losses.pdf or figures/reference/tramer_canary_losses.pdf?). "
+            "onrun: no rule makes it (did you mean "
+            "onerun?). The targets: README, Run.") in text and "A target is a name" not in text
+
+
+def test_a_dry_run_names_a_missing_data_folder(tmp_path):
+    """Offline with a data.root that does not exist: the dry run (exit 0: targets without
+    data still run) says so, naming the folder; an existing one is not named."""
+    missing = tmp_path / "no-such-data"
+    for root, said in ((missing, True), (tmp_path, False)):
+        out = snakemake("-n", "--cores", "1", "--directory", str(tmp_path), "--config",
+                        f"data={{root: {root}, download: false}}", "--", "hw3_eps")
+        assert out.returncode == 0, out.stderr[-2000:]
+        warning = f"dpaudit: warning: data.root = {root}: no such folder"
+        assert (warning in out.stderr) is said, out.stderr[-2000:]
 
 
 def test_nested_config_values_given_as_text_are_read_as_the_schema_wants(tmp_path):
@@ -253,32 +281,67 @@ def tiny_report(tiny_run, tmp_path_factory):
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-# After the report's page has drawn, the top edge of its first heading in the window
-# (scroll 0), written into the page for `--dump-dom` to print.
-_TITLE_TOP = """<script>setTimeout(() => {
-  const h = document.querySelector(".prose h1");  // the front text's, not the navbar's
-  const view = document.querySelector("div.h-screen.overflow-auto");  // its scroll box
-  document.body.setAttribute("data-title-top", h ? h.getBoundingClientRect().top : "none");
-  document.body.setAttribute("data-title-left", h ? h.getBoundingClientRect().left
-                             - view.getBoundingClientRect().left : "none");
-}, 3000);</script>"""
+#: The report's views, visited in the page as a reader's clicks set them (Snakemake's
+#: `app.setView`, what its menu items and figure buttons call): the front page, each
+#: category's menu, each figure beside its category's menu. For each, at scroll 0 of the
+#: main view: the boxes of the view, the menu, the figure or the front page's title, the
+#: menu's scroll width, and the menu's labels and icons that stick out of it or the window.
+_VIEWS = """<script>
+window.addEventListener("load", () => setTimeout(async () => {
+  const sleep = ms => new Promise(done => setTimeout(done, ms));
+  const box = el => { const b = el.getBoundingClientRect();
+                      return {top: b.top, left: b.left, right: b.right, bottom: b.bottom}; };
+  const visit = async (name, set) => {
+    set(); await sleep(300);
+    const view = document.querySelector("div.h-screen.overflow-auto");  // not the nav
+    view.scrollTop = 0; view.scrollLeft = 0; await sleep(50);
+    const nav = document.querySelector("nav"), right = Math.min(box(nav).right, innerWidth);
+    const img = view.querySelector("img"), title = view.querySelector(".prose h1");
+    const cut = [...nav.querySelectorAll("span, svg")].filter(x => {
+      const b = x.getBoundingClientRect();
+      return b.width > 0 && (b.left < -0.5 || b.right > right + 0.5); });
+    return {name, view: box(view), nav: box(nav), nav_scroll: nav.scrollWidth - nav.clientWidth,
+            img: img && box(img), title: title && box(title),
+            cut: cut.map(x => x.textContent.trim() || x.tagName)};
+  };
+  const seen = [await visit("front page", () => {})];
+  for (const [category, subs] of Object.entries(categories)) {
+    seen.push(await visit(`menu of ${category}`, () => app.showCategory(category)));
+    for (const [subcategory, paths] of Object.entries(subs)) for (const path of paths)
+      if (results[path].mime_type.startsWith("image/"))
+        seen.push(await visit(path, () => app.setView({navbarMode: "subcategory", category,
+          subcategory, content: "img", contentPath: results[path].data_uri, resultPath: path})));
+  }
+  parent.postMessage(JSON.stringify({window: [innerWidth, innerHeight], seen}), "*");
+}, 1000));
+</script>"""
 
 
-def title_top(page: Path, width: int, height: int) -> tuple[float, float]:
-    """Where headless Chromium draws the first heading of ``page`` in a ``width`` x
-    ``height`` window, at scroll 0: px from the window's top, and from the left edge of
-    the view that scrolls it."""
+def report_views(page: Path, width: int, height: int, profile: Path) -> dict:
+    """:data:`_VIEWS` measured by headless Chromium on the report ``page`` in a ``width`` x
+    ``height`` viewport: the page in an iframe of that size (a headless window's viewport
+    is not the size asked for: narrower than 500 px it is widened), which posts what it
+    measured to the frame page, whose body ``--dump-dom`` prints."""
+    import html
+    import json
+
     probe = page.with_name("probe.html")
     head, end, tail = page.read_text().rpartition("</body>")  # the page's own, the last
-    probe.write_text(head + _TITLE_TOP + end + tail)
+    probe.write_text(head + _VIEWS + end + tail)
+    frame = page.with_name("frame.html")
+    frame.write_text(f'<!DOCTYPE html><html><body style="margin:0"><iframe src="probe.html" '
+                     f'width="{width}" height="{height}" style="border:0"></iframe><script>'
+                     'addEventListener("message", e => document.body.setAttribute('
+                     '"data-views", e.data));</script></body></html>')
     out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-                          f"--window-size={width},{height}", "--virtual-time-budget=10000",
-                          "--dump-dom", probe.as_uri()], capture_output=True, text=True,
-                         timeout=120)
-    found = re.search(r'data-title-top="(-?[\d.]+)" data-title-left="(-?[\d.]+)"',
-                      out.stdout)
+                          "--disable-quic", "--no-first-run", "--disable-background-networking",
+                          "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={profile}", "--window-size=2000,1400",
+                          "--virtual-time-budget=60000", "--dump-dom", frame.as_uri()],
+                         capture_output=True, text=True, timeout=180)
+    found = re.search(r'data-views="([^"]*)"', out.stdout)
     assert found, out.stderr[-2000:]
-    return float(found.group(1)), float(found.group(2))
+    return json.loads(html.unescape(found.group(1)))
 
 
 @pytest.mark.slow
@@ -286,15 +349,35 @@ class TestTinyRun:
     """The report and the Jagielski grids, read from one tiny run of the whole DAG."""
 
     @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (.ci/run installs it)")
-    def test_report_front_page_opens_on_its_title(self, tiny_report):
-        """The report's front page, taller than the window, opens on its title at the
-        window sizes of a laptop, a desktop and a phone: the title's top edge inside the
-        window and its left edge inside its view at scroll 0 (Snakemake's page centres it,
-        which cut it off)."""
+    def test_report_views_open_on_their_top_and_the_menu_stays_usable(self, tiny_report,
+                                                                       tmp_path):
+        """Every view of the report at the window sizes of a laptop, a desktop and a phone
+        (Snakemake's page centred content taller or wider than the window out of scroll
+        reach, and on a phone the view squeezed the menu, or the menu the view): at scroll
+        0, the front page's title and every figure's top edge inside the view, each figure
+        no wider than the view, the view beside or below the menu (never over it), no label
+        or icon of the menu cut off and no menu wider than itself; on a phone, the menu at
+        most half the screen."""
         (page,) = tiny_report.dir.glob("*/report.html")
         for width, height in ((1366, 900), (1920, 1080), (390, 844)):
-            top, left = title_top(page, width, height)
-            assert 0 <= top < height / 4 and left >= 0, (width, height, top, left)
+            got = report_views(page, width, height, tmp_path / f"chromium-{width}")
+            assert got["window"] == [width, height]
+            views = {v["name"]: v for v in got["seen"]}
+            figures = [v for v in got["seen"] if v["img"]]
+            assert len(figures) >= len(FIGURES) and "front page" in views
+            for v in got["seen"]:
+                view, nav, where = v["view"], v["nav"], (width, height, v["name"])
+                assert view["left"] >= nav["right"] - 0.5 or view["top"] >= nav["bottom"] - 0.5, where
+                assert not v["cut"] and v["nav_scroll"] <= 1, (where, v["cut"], v["nav_scroll"])
+                if width < 640:
+                    assert nav["bottom"] <= height / 2 + 1, where
+                shown = v["img"] or v["title"]
+                if shown:
+                    assert 0 <= shown["top"] - view["top"] < height / 4, (where, shown, view)
+                    assert shown["left"] >= view["left"] - 0.5, (where, shown, view)
+                if v["img"]:
+                    assert v["img"]["right"] <= view["right"] + 0.5, (where, v["img"], view)
+            assert views["front page"]["title"], "the front page's title not found"
 
     def test_report_holds_every_figure_with_its_caption(self, tiny_run, tiny_report,
                                                         tmp_path):
@@ -333,7 +416,10 @@ class TestTinyRun:
             "config",
             "jagielski.fig2.init: 1.0 in results/jagielski_fig2.csv, 2.0 in this config",
             "jagielski.trials: 8 in results/jagielski_fig2.csv, 40 in this config"]
-        assert "--configfile" in out.stdout + out.stderr
+        text = " ".join((out.stdout + out.stderr).split())
+        # every --configfile of the run, the one given here named
+        assert f"every --configfile of the run, in its order (this command's: {tmp_path}" in text
+        assert "--configfile config/quick.yaml offline.yaml" in text
 
     def test_jagielski_figures_end_to_end_and_grids_resume(self, tiny_run, tmp_path):
         """Figure 2 and Table 2 from tiny real-format data; growing the grid trains only the

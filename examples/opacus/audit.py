@@ -1,19 +1,24 @@
-"""Audit the three Opacus trainings of cases.py with ``dpaudit audit-impl``, each by the
-mode that shows what it does, and print one verdict line per audit.
+"""Audit the three Opacus trainings of examples/opacus/cases.py with dpaudit audit-impl
+and print one verdict line per audit.
 
-    python examples/opacus/audit.py --quick --data-root /path/to/fmnist
+They train logistic regression on Fashion-MNIST classes 0/1 (784 inputs, n = 500 rows),
+not your data: an example of the audit, to run before auditing your own Opacus training
+(docs/audit_your_implementation.md, "Opacus trainings"). Needs Opacus:
+pip install -e ".[opacus]".
 
-Each audit is the command a user runs on their own Opacus training (the adapter
-``dpaudit.adapters.opacus.OpacusTrainer`` gives the claim and the spec,
-``OpacusTrainer.cli_args``):
+    python examples/opacus/audit.py --quick --data-root /path/to/data
+
+Each audit is the command a user runs on their own Opacus training, the claim and the spec
+given by the adapter dpaudit.adapters.opacus.OpacusTrainer (OpacusTrainer.cli_args):
 
     PYTHONPATH=examples/opacus dpaudit audit-impl --train cases:correct \\
         $(OpacusTrainer.cli_args(1e-5)) --runs 80 --val-runs 40 --out ...
 
-``--quick``: 80 evaluation and 40 validation runs per side (the fewest the claim eps ~1
-allows at alpha = 1e-10 is 76), about 250 Opacus models per audit; without it 1000 and
-500. The tables and each audit's log go to ``--out`` (``results/opacus``). The audits run
-side by side, one per core (``--jobs``), each on one thread.
+Each training is audited by the mode that shows what it does: correct in all three modes,
+shuffled and noise_on_mean in the black box. --quick: 80 evaluation and 40 validation runs
+per side (the fewest the claimed eps ~1 allows at alpha = 1e-10 is 76), about 250 Opacus
+models per audit; without it 1000 and 500. The tables and each audit's log go to --out.
+The audits run side by side, one per core (--jobs), each on one thread.
 """
 
 from __future__ import annotations
@@ -35,8 +40,6 @@ sys.path.insert(0, str(HERE))
 # Opacus' PRV accountant bounds its domain with RDP, whose orders it warns about.
 warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
 
-import cases  # noqa: E402
-
 from dpaudit.cli import main  # noqa: E402
 from dpaudit.io import read_table  # noqa: E402
 
@@ -51,6 +54,7 @@ def audit(name: str, mode: str, runs: int, val_runs: int, out: Path, data_root, 
           alpha: float | None = None):
     """One audit-impl run (at its default alpha unless ``alpha``), its log in
     OUT/NAME_MODE.log; its verdict line."""
+    import cases  # here, not at the top: --help needs no Opacus
     table = out / f"{name}_{mode}.csv"
     args = ["audit-impl", "--train", f"cases:{name}", "--mode", mode, "--runs", str(runs),
             "--val-runs", str(val_runs), "--seed", str(seed), "--out", str(table),
@@ -73,11 +77,17 @@ def audit(name: str, mode: str, runs: int, val_runs: int, out: Path, data_root, 
 
 
 def main_(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="80 + 40 runs per side (1000 + 500)")
-    p.add_argument("--data-root", default=None, help="Fashion-MNIST (default $DPAUDIT_DATA)")
-    p.add_argument("--out", type=Path, default=Path("results/opacus"))
-    p.add_argument("--seed", type=int, default=0)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="80 + 40 runs per side (default 1000 + 500)")
+    p.add_argument("--data-root", default=None, help="the data folder holding Fashion-MNIST "
+                   "(default $DPAUDIT_DATA or ~/.cache/dpaudit/data; Debian's "
+                   "dataset-fashion-mnist package is found without it)")
+    p.add_argument("--out", type=Path, default=Path("results/opacus"),
+                   help="folder of the audits' tables and logs (default results/opacus)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="master seed of every audit's runs (default 0)")
     p.add_argument("--only", default=None, help="these audits, NAME:MODE[,NAME:MODE...] (e.g. "
                    "correct:white-box)")
     p.add_argument("--runs", type=int, default=None, help="evaluation runs per side, in place "
@@ -98,6 +108,10 @@ def main_(argv=None) -> int:
         p.error(f"--only {a.only}: each must be one of {[f'{n}:{m}' for n, m in AUDITS]}")
     if a.jobs < 1:
         p.error(f"--jobs {a.jobs}: must be at least 1")
+    try:
+        import cases  # noqa: F401  (Opacus is needed from here on: one line if it is missing)
+    except ImportError as exc:
+        p.error(str(exc))
     # One thread per audit: tiny models, and two threads on a busy 2-core machine made each
     # Opacus step about 16 times slower (measured).
     torch.set_num_threads(1)

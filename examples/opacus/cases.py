@@ -12,10 +12,12 @@ training functions (``--train cases:correct``, with this folder on PYTHONPATH):
 """
 
 import torch
-from opacus.optimizers import DPOptimizer
 from torch import nn
 
-from dpaudit.adapters.opacus import OpacusTrainer
+from dpaudit.adapters.opacus import OpacusTrainer, require_opacus
+
+# Through the adapter: without Opacus, an ImportError that says how to install it.
+DPOptimizer = require_opacus().optimizers.DPOptimizer
 
 N, BATCH, EPOCHS, CLIP, LR, EPS, DELTA = 500, 100, 20, 1.0, 0.5, 1.0, 1e-5
 

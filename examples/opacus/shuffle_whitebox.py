@@ -1,23 +1,23 @@
-"""The shuffling gap in real Opacus code: ``poisson_sampling=False`` (a shuffled DataLoader,
+"""The shuffling gap in real Opacus code: poisson_sampling=False (a shuffled DataLoader,
 while Opacus reports the Poisson epsilon) audited in the white-box mode with Chua et al.'s
 crafted batch mates (-1), at a setting where their lower bound is far above the claim.
 
     python examples/opacus/shuffle_whitebox.py --runs 400 --data-root DIR
 
-``--poisson``: the control, correct Opacus (Poisson sampling) at the same noise, audited
+--poisson: the control, correct Opacus (Poisson sampling) at the same noise, audited
 the same way (its claim an upper bound on its epsilon: never certified above it).
 
 Logistic regression on the first n = 100 rows of Fashion-MNIST classes 0/1, batch size 1,
 one epoch (S = 100 steps), clip 1, lr 0.1, at the noise multiplier for which Poisson
 accounting (PLD, q = 1/100) claims (2, 1e-5). The Dirac canary sits on the weight of the
-quietest pixel, as in ``audit-impl --mode white-box``; ``--runs`` runs per side train with
+quietest pixel, as in audit-impl --mode white-box; --runs runs per side train with
 it and without it (zero-out, docs/shuffle.md), each scored by its llr (Chua et al.'s pair,
-:class:`dpaudit.dpsgd.CanaryScores`), and the bounds are those of ``shuffle-audit``
-(:func:`dpaudit.experiments.tight.whitebox.audit_scores`: half the runs choose the
-threshold, the other half give the Clopper-Pearson eps_LB at ``--alpha`` and the GDP
-estimate). Prints one line. With ``--runs 5000`` (about 40 minutes on one core) it
+dpaudit.dpsgd.CanaryScores), and the bounds are those of shuffle-audit
+(dpaudit.experiments.tight.whitebox.audit_scores: half the runs choose the
+threshold, the other half give the Clopper-Pearson eps_LB at --alpha and the GDP
+estimate). Prints one line. With --runs 5000 (about 40 minutes on one core) it
 certifies the violation (docs/audit_your_implementation.md, "The Opacus settings that
-break a claim").
+break a claim"). Needs Opacus: pip install -e ".[opacus]".
 """
 
 from __future__ import annotations
@@ -71,12 +71,16 @@ def measure(X: torch.Tensor, y: torch.Tensor, runs: int, seed: int, alpha: float
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=400, help="runs per side (default 400)")
     p.add_argument("--poisson", action="store_true", help="the control: Poisson sampling")
-    p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-root", default=None, help="Fashion-MNIST (default $DPAUDIT_DATA)")
+    p.add_argument("--alpha", type=float, default=0.05,
+                   help="1 - the confidence of eps_LB (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="master seed of the runs (default 0)")
+    p.add_argument("--data-root", default=None, help="the data folder holding Fashion-MNIST "
+                   "(default $DPAUDIT_DATA or ~/.cache/dpaudit/data; Debian's "
+                   "dataset-fashion-mnist package is found without it)")
     a = p.parse_args(argv)
     if a.runs < 4:
         p.error(f"--runs {a.runs}: must be >= 4 (half the runs choose the threshold, half "

@@ -215,14 +215,40 @@ def check_targets():
     unknown = sorted(t for t in targets if t not in names and not os.path.exists(t)
                      and not any(found.is_producer(t) for found in workflow.rules))
     if unknown:
-        named = [found for found in workflow.rules if not found.output]
+        named = sorted(found.name for found in workflow.rules if not found.output)
         # the default target's figures and those of the named targets (tight, reference...)
-        figures = {str(f) for f in FIGURES + [f for found in named for f in found.input]
-                   if str(f).startswith("figures/") and str(f).endswith(".pdf")}
+        figures = sorted({str(f) for f in FIGURES + [f for found in workflow.rules
+                                                     if not found.output for f in found.input]
+                          if str(f).startswith("figures/") and str(f).endswith(".pdf")})
+        guesses = {t: did_you_mean(t, named + figures) for t in unknown}
+        said = " ".join(f"{t}: no rule makes it{guesses[t]}." for t in unknown)
+        if all(guesses.values()):  # a typo: the guess, not the whole list
+            raise WorkflowError(f"{said} The targets: README, Run.")
         raise WorkflowError(
-            f"{', '.join(unknown)}: no rule makes it. A target is a name ("
-            + ", ".join(sorted(found.name for found in named))
-            + "), a figure ("
-            + ", ".join(sorted(figures))
-            + ") or any other file a rule writes (README, Run)"
+            f"{said} A target is a name (" + ", ".join(named) + "), a figure ("
+            + ", ".join(figures) + ") or any other file a rule writes (README, Run)"
         )
+
+
+def did_you_mean(target, known):
+    """" (did you mean X?)" with the closest of ``known`` (difflib), or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(target, known, n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+# A data folder that does not exist, offline: the data jobs would fail, and a dry run would
+# say nothing of it. Named at start-up (a warning: targets without data still run).
+def check_data_root():
+    data = config.get("data") or {}
+    root = data.get("root")
+    missing = root and not os.path.isdir(os.path.expanduser(root))
+    if missing and not data.get("download") and not workflow.remote_exec:
+        print(f"dpaudit: warning: data.root = {root}: no such folder, and data.download is "
+              "false: every job that reads Fashion-MNIST or CIFAR-10 will fail. Create it and "
+              "put the data there, or correct data.root (docs/data.md, section Offline).",
+              file=sys.stderr)
+
+
+check_data_root()

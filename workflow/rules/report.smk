@@ -1,6 +1,7 @@
 # `snakemake --report`: the captions quote the config (trials, repeats, grids, claims), so
 # the config must be the one that made the results; another one stops with the
 # differences instead of captioning the figures with its values.
+import os
 import sys
 
 from dpaudit.config import results_mismatch
@@ -42,6 +43,14 @@ def building_report(argv):
     )
 
 
+def given_configfiles():
+    """This command's --configfile files, as typed where they lie below the working folder
+    (Snakemake holds them absolute)."""
+    paths = [os.path.relpath(p) for p in workflow.overwrite_configfiles]
+    return [r if not r.startswith("..") else str(p)
+            for r, p in zip(paths, workflow.overwrite_configfiles)]
+
+
 if building_report(sys.argv[1:]):
     differ = results_mismatch(config, REPORTED_TABLES)
     if differ:
@@ -50,7 +59,9 @@ if building_report(sys.argv[1:]):
             "the captions would quote this one's values:\n  "
             + "\n  ".join(differ[:8])
             + (f"\n  ... and {len(differ) - 8} more" if len(differ) > 8 else "")
-            + "\nBuild the report with the run's --configfile (after a quick run: "
-            "`snakemake --report report.zip --configfile config/quick.yaml`), or rerun the "
-            "workflow with this config first."
+            + "\nBuild the report with every --configfile of the run, in its order (this "
+            f"command's: {' '.join(given_configfiles()) or 'none'}; after "
+            "the README's quick run: `snakemake --report report.zip --configfile "
+            "config/quick.yaml`, offline `... --configfile config/quick.yaml offline.yaml`), "
+            "or rerun the workflow with this config first."
         )

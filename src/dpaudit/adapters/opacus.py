@@ -41,13 +41,20 @@ from .. import accounting, dpsgd, seeds as seeding
 ACCOUNTANTS = ("prv", "rdp", "gdp")
 
 
-def _opacus():
-    """The opacus package; an ImportError that says how to get it."""
+#: How to install Opacus, in the ImportError of :func:`require_opacus`.
+INSTALL = ('pip install -e ".[opacus]" in a dpaudit checkout (or pip install "opacus>=1.5"; '
+           "requirements.lock pins the version the tests pass with)")
+
+
+def require_opacus():
+    """The opacus package; an ImportError that says how to get it (the examples import
+    Opacus through it, so a missing Opacus is one clear line, not a bare module name)."""
     try:
         import opacus
+        import opacus.optimizers  # noqa: F401  (the examples subclass DPOptimizer)
     except ImportError as exc:
-        raise ImportError("dpaudit.adapters.opacus needs Opacus (>= 1.5): pip install "
-                          "opacus") from exc
+        raise ImportError(f"dpaudit.adapters.opacus needs Opacus (>= 1.5), which is not "
+                          f"installed: {INSTALL}") from exc
     return opacus
 
 
@@ -260,7 +267,7 @@ class OpacusTrainer:
             float(max_grad_norm), batch_size, epochs, n
         self.poisson_sampling, self.accountant = bool(poisson_sampling), accountant
         self.criterion = criterion if criterion is not None else nn.CrossEntropyLoss()
-        self.optimizer_class = optimizer_class or _opacus().optimizers.DPOptimizer
+        self.optimizer_class = optimizer_class or require_opacus().optimizers.DPOptimizer
         #: The sample rate Opacus' accountant is told: B / n with Poisson sampling, else
         #: make_private's 1 / len(data_loader) on n rows.
         self.q = batch_size / n if poisson_sampling else 1 / math.ceil(n / batch_size)
@@ -337,7 +344,7 @@ class OpacusTrainer:
         draw from torch's global generator, as make_private leaves them."""
         data = torch.utils.data.TensorDataset(X, y)
         if self.poisson_sampling:
-            return _opacus().data_loader.DPDataLoader(data, sample_rate=self.q)
+            return require_opacus().data_loader.DPDataLoader(data, sample_rate=self.q)
         return torch.utils.data.DataLoader(data, batch_size=self.batch_size, shuffle=True)
 
     def _scoring(self, canaries: dpsgd.GradientCanaries, rows: int) -> dict:
@@ -354,7 +361,7 @@ class OpacusTrainer:
 
     def _run(self, X, y, seed: int, init, canaries, k: int):
         """One model of run ``seed``: (module, the run's _Canary or None, steps)."""
-        opacus = _opacus()
+        opacus = require_opacus()
         s_model, s_noise, s_canary = run_seeds(seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(s_model)

@@ -20,9 +20,13 @@ from ..config import SpecError
 from ..device import DeviceUnavailable
 from ..io import BadInputFile, DataNotFound, unwritable
 
-#: Subcommand modules, in help order.
-COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
-            "abadi", "report", "tight", "shuffle", "opacus_check")
+#: Subcommand modules, in help order: first the one users run themselves (audit-impl),
+#: then the pipeline's steps, which the workflow's rules run, then the checks users run.
+COMMANDS = ("tramer", "data", "hw3", "accounting", "ridge", "jagielski", "trials_needed",
+            "onerun", "abadi", "report", "tight", "shuffle", "opacus_check")
+DESCRIPTION = ("dpaudit: audit-impl audits your own DP training function "
+               "(docs/audit_your_implementation.md); the other commands are the steps of the "
+               "Snakemake pipeline, which its rules run. `dpaudit COMMAND --help` says more.")
 
 
 def spec_arg(text: str) -> dict:
@@ -175,9 +179,11 @@ COMMAND_MODULES = {
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or, where ``argv`` names a known one first, of that
     one alone (its module imported, no other)."""
-    parser = argparse.ArgumentParser(prog="dpaudit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="dpaudit", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dpaudit {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # not required: without one, main prints the commands (argparse would only say that
+    # one is required)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     first = argv[0] if argv else None
     for name in [COMMAND_MODULES[first]] if first in COMMAND_MODULES else COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
@@ -192,7 +198,11 @@ def _missing_folders(args) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:  # `dpaudit` alone: the commands it has, audit-impl first
+        parser.print_help(sys.stderr)
+        return 2
     missing = _missing_folders(args)
     try:
         # A command may return its exit status (opacus-check: 1 on findings).
