@@ -57,10 +57,26 @@ SITE = {"DPAUDIT_SLURM_ACCOUNT": "acct", "DPAUDIT_SLURM_PARTITION": "cpu-part",
         "DPAUDIT_SLURM_GPU_PARTITION": "gpu-part"}
 
 
-def snakemake_env(env: dict, *args, timeout=900):
-    """:func:`test_workflow.snakemake` with the environment ``env`` (the GPUs hidden too)."""
-    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"),
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+# `python -m snakemake` whose SLURM executor checks its jobs' status every 2 s at most. The
+# plugin waits 10 s longer before each check that finds no job ended (up to 3 min; no
+# setting caps it), so each job of seconds on the test's SLURM waited tens of seconds to be
+# seen done. The jobs, their sbatch lines and the status queries are the plugin's own.
+POLL_2S = [sys.executable, "-c", """\
+import sys
+from snakemake_executor_plugin_slurm import Executor
+wait = Executor.next_seconds_between_status_checks
+Executor.next_seconds_between_status_checks = wait.setter(lambda ex, s: wait.fset(ex, min(s, 2)))
+from snakemake.cli import main
+sys.exit(main())
+"""]
+
+
+def snakemake_env(env: dict, *args, timeout=900, poll_2s=False):
+    """:func:`test_workflow.snakemake` with the environment ``env`` (the GPUs hidden too);
+    ``poll_2s``: through :data:`POLL_2S`."""
+    python = POLL_2S if poll_2s else [sys.executable, "-m", "snakemake"]
+    return subprocess.run([*python, "-s", str(ROOT / "Snakefile"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
                           env={**env, "CUDA_VISIBLE_DEVICES": ""})
 
 
@@ -485,7 +501,7 @@ def test_real_slurm_run_equals_a_local_run(tmp_path, slurm_cluster):
                         "--slurm-init-seconds-before-status-checks", "2",
                         "--slurm-status-command", "squeue", "--directory",
                         str(tmp_path / "slurm"), "--configfile", conf, "--", *targets,
-                        timeout=600)
+                        timeout=600, poll_2s=True)
     _, local_err = local.communicate(timeout=600)
     assert local.returncode == 0, local_err[-3000:]
     assert out.returncode == 0, out.stderr[-5000:]
@@ -530,13 +546,13 @@ rule probe:
 """)
     env = {**slurm_cluster, "DPAUDIT_SLURM_GPU_PARTITION": "cpu"}
     env.pop("DPAUDIT_JOBS_PER_GPU", None)
-    runs = {"slurm": ["--profile", str(ROOT / "profiles/slurm"),
+    runs = {"slurm": [*POLL_2S, "--profile", str(ROOT / "profiles/slurm"),
                       "--slurm-init-seconds-before-status-checks", "2",
                       "--slurm-status-command", "squeue"],
-            "local": ["--cores", "1", "--resources", "gpu=1"]}
+            "local": [sys.executable, "-m", "snakemake", "--cores", "1", "--resources", "gpu=1"]}
     for name, args in runs.items():
-        out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"),
-                              *args, "--directory", str(tmp_path / name), "probe.txt"],
+        out = subprocess.run([*args, "-s", str(tmp_path / "Snakefile"),
+                              "--directory", str(tmp_path / name), "probe.txt"],
                              cwd=ROOT, capture_output=True, text=True, timeout=300,
                              env={**env, "CUDA_VISIBLE_DEVICES": ""})
         assert out.returncode == 0, out.stderr[-5000:]

@@ -240,12 +240,12 @@ def _tiny_config(data: Path) -> dict:
                          canaries=["dirac"], init=1.0)  # Figure 2's cells: no extra training
     cfg["tramer"].update(runs=40, val_runs=10, batch_runs=40, n_train=40)
     cfg["tramer"]["model"].update(epochs=2, batch_size=20)
+    # one level (one training job) per figure: a figure draws any number of them
     cfg["abadi"]["fig3"].update(n_train=100, n_test=0, pca_dims=8, hidden=8, lot_size=20,
-                                max_epochs=1)
+                                max_epochs=1, levels=cfg["abadi"]["fig3"]["levels"][-1:])
     cfg["abadi"]["fig6"].update(public_images=60, private_images=80, test_images=40,
                                 hidden=[8], max_epochs=1,
-                                levels=[{"name": n, "lot_size": 20, "eps": e}
-                                        for n, e in (("eps2", 2.0), ("eps8", 8.0))])
+                                levels=[{"name": "eps2", "lot_size": 20, "eps": 2.0}])
     return cfg
 
 

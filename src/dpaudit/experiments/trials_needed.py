@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from .. import seeds
-from .jagielski import cell_path, grid_cells, init_label, summarize_cell
+from . import jagielski
+from .jagielski import cell_path, grid_cells, init_label
 
 #: Result columns of the study, and what each is (figure legend and docs say the same).
 METHODS = {
@@ -87,8 +88,8 @@ def study(tables: list[tuple[pd.DataFrame, dict]], alpha: float, delta: float,
         for n in grid:
             rng = seeds.rng(int(seed), f"trials_needed/{name}/{n}")
             for i in range(subsamples):
-                row = summarize_cell(subsample(scores, n, rng), cell["attack"], alpha, delta,
-                                     select_frac)
+                row = jagielski.summarize_cell(subsample(scores, n, rng), cell["attack"], alpha,
+                                               delta, select_frac)
                 rows.append({**{k: cell[k] for k in ("dataset", "arch", "clip", "init",
                                                       "attack")},
                              "eps_label": cell["eps"], "n_full": n_full, "n": n,

@@ -33,28 +33,30 @@ of a grid sees the same batches and noise draws (paired comparisons across the g
 Modules: :mod:`.tasks` (the data tasks), :mod:`.grid` (cells, config keys, paths),
 :mod:`.training` (sides, seeds, scores, kept blocks), :mod:`.audit` (a cell's bounds) and
 :mod:`.paper` (Table 2 against the paper); this package re-exports their public names,
-those of :mod:`.tasks` and :mod:`.training` (torch) imported on first use
-(:mod:`dpaudit.lazy`): the workflow's start-up reads only the grid.
+all but the grid's imported on first use (:mod:`dpaudit.lazy`: :mod:`.tasks` and
+:mod:`.training` import torch, :mod:`.audit` and :mod:`.paper` scipy.stats): the workflow's
+start-up reads only the grid.
 """
 
 from __future__ import annotations
 
-from .audit import (BOOTSTRAPS, COLUMNS, PAPER_STATISTIC, RESPLITS, ROC_LEVELS, SPLIT_PERCENTILES,
-                    audit_scores, read_result_table, read_scores, summarize_cell,
-                    theoretical_eps)
 from .grid import (ATTACKS, AUDIT_KEYS, DATASETS, MADE_WITH_KEYS, STATISTICS, TASK_KEYS,
                    TRAIN_KEYS, TRAINED_DIR, cell_file, cell_path, check_grid, grid_cells,
                    grid_models, group_dir, group_dirs, groups, init_label, score_columns,
                    side_names, table_spec, train_spec)
-from .paper import (PAPER_CLIPS, PAPER_COLUMN, PAPER_TABLE2, PAPER_TOL, TABLE2_COLUMNS,
-                    TABLE2_NOTES, eps_label, init_name, init_order, paper_agreement,
-                    paper_table2, table2_markdown, with_paper_table2)
 from ...lazy import lazy_attributes
 
 _WHERE = {**dict.fromkeys(("POOL_SIZE", "TASK_ARRAYS", "Task", "cifar_task", "fmnist_task",
                            "make_task"), "tasks"),
           **dict.fromkeys(("YEOM_POINTS", "model_seeds", "run_group", "score_models", "sides",
-                           "trainer_digest"), "training")}
+                           "trainer_digest"), "training"),
+          **dict.fromkeys(("BOOTSTRAPS", "COLUMNS", "PAPER_STATISTIC", "RESPLITS", "ROC_LEVELS",
+                           "SPLIT_PERCENTILES", "audit_scores", "read_result_table",
+                           "read_scores", "summarize_cell", "theoretical_eps"), "audit"),
+          **dict.fromkeys(("PAPER_CLIPS", "PAPER_COLUMN", "PAPER_TABLE2", "PAPER_TOL",
+                           "TABLE2_COLUMNS", "TABLE2_NOTES", "eps_label", "init_name",
+                           "init_order", "paper_agreement", "paper_table2", "table2_markdown",
+                           "with_paper_table2"), "paper")}
 __getattr__, __dir__ = lazy_attributes(globals(), _WHERE)
 
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS",
