@@ -13,6 +13,7 @@ from ...trials import Side, run as run_trials
 from .claim import ALPHA
 from .modes import _tight_columns, audit_whitebox, check_mode
 from .profile import ClaimedProfile
+from .recheck import recheck_blackbox
 from .runs import (CALL_LIMIT, SEED_CHECK, Progress, Unauditable, _with_canary, check_options,
                    check_seeds, run_seeds, train_runs)
 from .statistics import GROUPS, OWN_RUNS, accuracy_columns, audit_loss_table
@@ -138,6 +139,10 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                                       side("evaluation", True, runs)],
                                      train_score, batch_runs, log, store=store,
                                      key=keyed(key, True))], ignore_index=True)
+    if seed_check:  # on seeds drawn from all the runs' outputs; with init, its probe
+        recheck_blackbox(lambda chunk, inside, more, named: train_runs(
+            train_fn, X, y, canary.x, chunk, spec, label if inside else None, None, more,
+            named, call_limit)["log_prob"], out, seed, seed_check, extra)
     out["loss"] = [-lp[label] for lp in out.log_prob]
     keep = ["split", "canary_in", "run", "seed", "loss"] + (["test_acc"] if test is not None else [])
     out = out.rename(columns={"trial": "run"})[keep]
