@@ -16,7 +16,7 @@ The probes then change one input of the same seeds, in the same call layout, and
 the output to change (beyond that tolerance): the canary inserted and not (white box: a run
 that recorded insertions must move when they are not made, so a function that ignores the
 canary, or inserts it into runs without it and records only the included ones, is refused),
-the batch mates and none, the auditor's init and a shifted one (worst-case init). They
+the batch mates and none, the auditor's init and a perturbed one (worst-case init). They
 catch a function that ignores what it is given; they cannot catch one that fabricates
 outputs which depend on it (e.g. scores simulated from the recorded counts).
 """
@@ -27,6 +27,7 @@ import hashlib
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ... import dpsgd, seeds
 from .runs import Unauditable
@@ -81,9 +82,15 @@ def same(recorded: dict[int, np.ndarray], chunk: list[int], again: np.ndarray,
             "torch.Generator().manual_seed(seed)")
 
 
-def shifted(init: dpsgd.Params, by: float = 0.1) -> dpsgd.Params:
-    """``init`` with ``by`` added to every weight and bias: the init probe's other start."""
-    return dpsgd.Params([w + by for w in init.W], [b + by for b in init.b])
+def perturbed(init: dpsgd.Params, std: float = 0.1) -> dpsgd.Params:
+    """``init`` with Gaussian noise of ``std`` added to every weight and bias (a fixed
+    draw; not one shift for all, which a softmax would not see): the init probe's other
+    start."""
+    g = torch.Generator().manual_seed(0)
+
+    def noisy(t):
+        return t + std * torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device)
+    return dpsgd.Params([noisy(w) for w in init.W], [noisy(b) for b in init.b])
 
 
 def recheck_blackbox(train, out: pd.DataFrame, seed: int, k: int,
@@ -91,7 +98,7 @@ def recheck_blackbox(train, out: pd.DataFrame, seed: int, k: int,
     """The black-box runs' re-check: ``train(chunk, inside, extra, named)`` re-trains runs
     and returns their canary log-probabilities (runs, C); ``out`` holds every run's
     ``canary_in``, ``seed`` and ``log_prob``. With ``extra["init"]`` (worst-case init) the
-    runs with the canary are trained again from :func:`shifted` init, and refused if no
+    runs with the canary are trained again from :func:`perturbed` init, and refused if no
     run's log-probabilities moved (the init ignored)."""
     picked = drawn(seed, out, "log_prob", k)
     recorded = dict(zip(out.seed, out.log_prob))
@@ -101,13 +108,13 @@ def recheck_blackbox(train, out: pd.DataFrame, seed: int, k: int,
         again = train(chunk, inside, extra, name)
         same(recorded, chunk, again, "canary log-probabilities")
     if extra and extra.get("init") is not None:
-        other = train(chunk, True, {**extra, "init": shifted(extra["init"])},
+        other = train(chunk, True, {**extra, "init": perturbed(extra["init"])},
                       f"init probe's {len(chunk)} runs")
         if not moved(again, other, tolerance(again, other)).any():
             raise Unauditable(
                 f"worst-case-init mode: the function ignores init: the runs of seeds {chunk} "
                 "gave the same canary log-probabilities from the auditor's init and from it "
-                "shifted by 0.1 in every parameter; start every run from init")
+                "with noise of std 0.1 added to every parameter; start every run from init")
 
 
 def recheck_whitebox(scores_of, out: pd.DataFrame, seed: int, k: int, mates: float) -> None:
