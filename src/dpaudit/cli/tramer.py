@@ -443,7 +443,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed-check", type=int, default=None, metavar="K",
                    help="before the runs, train K seeds twice (the second time in reverse "
                         "order) and refuse the function unless each seed gives the same "
-                        "logits and different seeds differ; 0 skips it (default 3)")
+                        "logits and different seeds differ; after them, re-train K runs of "
+                        "each side drawn from their outputs, and probe that the mode's "
+                        "init, canary and mates change the runs; 0 skips these (default 3)")
     p.add_argument("--max-diverged", type=float, default=0.0, metavar="F",
                    help="largest fraction of runs that may diverge (non-finite canary loss; "
                         "they count as 'out'); more, and the audit refuses (default 0)")

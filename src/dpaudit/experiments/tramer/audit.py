@@ -52,8 +52,9 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
 
     The audit refuses (:class:`Unauditable`, before writing anything) what it cannot
     audit: output that breaks the contract; runs that do not follow their seeds
-    (:func:`check_seeds` on ``seed_check`` seeds of their own before any run; 0 skips
-    it); more than a fraction ``max_diverged`` of runs with a non-finite canary loss
+    (:func:`check_seeds` on ``seed_check`` seeds of their own before any run, and
+    :func:`recheck_blackbox` on ``seed_check`` runs of each side drawn after them, with
+    the probe of ``init``; 0 skips both); more than a fraction ``max_diverged`` of runs with a non-finite canary loss
     (diverged: they count as "out", a fixed decision); and, with ``test`` and
     ``refuse_at_chance``, models whose mean test accuracy is no better than always
     predicting the most frequent test class (a user's function that learns nothing is
@@ -72,8 +73,9 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     add/remove neighbours): the same runs also test the claimed DP-SGD privacy profile
     (:func:`profile_columns`), and the verdict names the test that fired.
 
-    Every call of ``train_fn`` and of its predict is a :func:`user_call` that may take
-    ``call_limit`` seconds: one that raises or runs past it ends the audit
+    ``train_fn``: a :class:`dpaudit.user_code.Worker` (the user's code in a process of its
+    own) or a function called in this process. Every call of it and of its predict may
+    take ``call_limit`` seconds: one that fails or runs past it ends the audit
     (:class:`UserCodeFailed`, naming the call).
     """
     if runs < 1 or val_runs < 1:

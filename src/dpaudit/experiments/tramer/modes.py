@@ -165,7 +165,9 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
     and the per-run scores (split, canary_in, run, seed, score). Refuses
     (:class:`Unauditable`) what breaks the contract, runs that do not follow their seeds
     (``seed_check`` of them trained twice, the second time in reverse order, must give the
-    same scores, and different seeds different ones) and more than ``max_diverged`` runs
+    same scores, and different seeds different ones; after the runs,
+    :func:`recheck_whitebox` on runs drawn from them, with the probes of the canary and
+    the mates) and more than ``max_diverged`` runs
     with a non-finite score, and calls after which the canaries object passed does not
     record that the canary went in as its draws make likely (:func:`check_insertions`).
     ``profile`` and ``call_limit``: as in :func:`audit_implementation`."""

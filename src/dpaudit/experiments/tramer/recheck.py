@@ -51,11 +51,13 @@ def drawn(seed: int, out: pd.DataFrame, column: str, k: int,
     return picked
 
 
-def tolerance(*arrays) -> float:
-    """1e-4 of the largest finite magnitude in ``arrays`` (at least 1e-4): what GPU
-    reductions' rounding stays within."""
+def tolerance(*arrays, floor: float = 0.0) -> float:
+    """1e-4 of the largest finite magnitude in ``arrays`` (or of ``floor``, if larger):
+    what GPU reductions' rounding stays within. Log-probabilities take ``floor`` 1 (those
+    of a confident model are near 0, their rounding that of the logits); white-box
+    scores none (their scale is the user's step size)."""
     finite = np.concatenate([np.ravel(a)[np.isfinite(np.ravel(a))] for a in arrays])
-    return 1e-4 * max(1.0, float(np.abs(finite).max(initial=0.0)))
+    return 1e-4 * max(floor, float(np.abs(finite).max(initial=0.0)))
 
 
 def moved(a, b, atol: float) -> np.ndarray:
@@ -67,11 +69,11 @@ def moved(a, b, atol: float) -> np.ndarray:
 
 
 def same(recorded: dict[int, np.ndarray], chunk: list[int], again: np.ndarray,
-         what: str) -> None:
+         what: str, floor: float = 0.0) -> None:
     """Refuse (:class:`Unauditable`) unless the runs of ``chunk`` re-trained (``again``,
     in chunk order) gave their ``recorded`` outputs (by seed) to :func:`tolerance`."""
     want = np.stack([recorded[s] for s in chunk])
-    off = moved(want, again, tolerance(want, again))
+    off = moved(want, again, tolerance(want, again, floor=floor))
     if off.any():
         k = int(np.argmax(off))
         raise Unauditable(
@@ -106,11 +108,11 @@ def recheck_blackbox(train, out: pd.DataFrame, seed: int, k: int,
         chunk = picked[inside]
         name = f"re-check's {len(chunk)} runs {'with' if inside else 'without'} canary"
         again = train(chunk, inside, extra, name)
-        same(recorded, chunk, again, "canary log-probabilities")
+        same(recorded, chunk, again, "canary log-probabilities", floor=1.0)
     if extra and extra.get("init") is not None:
         other = train(chunk, True, {**extra, "init": perturbed(extra["init"])},
                       f"init probe's {len(chunk)} runs")
-        if not moved(again, other, tolerance(again, other)).any():
+        if not moved(again, other, tolerance(again, other, floor=1.0)).any():
             raise Unauditable(
                 f"worst-case-init mode: the function ignores init: the runs of seeds {chunk} "
                 "gave the same canary log-probabilities from the auditor's init and from it "
@@ -126,11 +128,13 @@ def recheck_whitebox(scores_of, out: pd.DataFrame, seed: int, k: int, mates: flo
     insertions must move; with ``mates``, again with none, where one must move."""
     picked = drawn(seed, out, "dot_sum", k, prefer=out.insertions > 0)
     dots, counts = dict(zip(out.seed, out.dot_sum)), dict(zip(out.seed, out.insertions))
+    scores = dict(zip(out.seed, out.score))
     for inside in (False, True):
         chunk = picked[inside]
         name = f"re-check's {len(chunk)} runs {'with' if inside else 'without'} canary"
         again = scores_of(chunk, inside, name, mates)
         same(dots, chunk, again["dot_sum"], "canary scores")
+        same(scores, chunk, again["score"], "canary likelihood ratios (the audit's score)")
         same(counts, chunk, np.asarray(again["insertions"], float), "insertion counts")
     without = scores_of(chunk, False, f"canary probe's {len(chunk)} runs", mates)["dot_sum"]
     still = (np.asarray(again["insertions"]) > 0) & ~moved(

@@ -1,6 +1,7 @@
 """The audited training function's runs: their seeds, every call of the function (the
-contract of :mod:`dpaudit.subjects`, a time limit, its failures named), and the check that
-its runs follow their seeds."""
+contract of :mod:`dpaudit.subjects`, in a :class:`dpaudit.user_code.Worker` or in this
+process, a time limit, its failures named), and the check before the runs that they follow
+their seeds."""
 
 from __future__ import annotations
 
