@@ -288,7 +288,9 @@ def test_a_worker_serves_many_calls_and_is_killed_with_its_group(tmp_path, monke
 
     X, y = _data(50)
     request = {"names": ("train", "predict"), "seeds": [1, 2], "spec": {}, "rows": [X[:3]]}
-    with user_code.Worker("hostile:good", hostile.good) as worker:
+    with pytest.raises(ValueError, match="cannot be sent to the worker process by reference"):
+        user_code.Worker(lambda X, y, seeds, spec: None).call(X, y, {}, 60)
+    with user_code.Worker(hostile.good) as worker:  # a module-level function: by reference
         first = worker.call(X, y, request, 60)["logits"][0]
         for _ in range(3):
             assert torch.equal(worker.call(X, y, request, 60)["logits"][0], first)
@@ -298,9 +300,11 @@ def test_a_worker_serves_many_calls_and_is_killed_with_its_group(tmp_path, monke
         os.kill(pid, 0)
 
 
-def test_ctrl_c_kills_the_worker_and_ends_without_a_traceback(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_ctrl_c_kills_the_worker_and_ends_without_a_traceback(tmp_path, sig):
     """SIGINT to the auditor (as the terminal sends it) while the worker hangs: exit 130,
-    one line, the worker gone."""
+    one line, the worker gone. SIGKILL, which the auditor cannot handle: the worker sees
+    its parent gone and kills itself (within seconds)."""
     (tmp_path / "hangs.py").write_text(textwrap.dedent('''
         import os, time
         def train(X, y, seeds, spec):
@@ -330,10 +334,22 @@ def test_ctrl_c_kills_the_worker_and_ends_without_a_traceback(tmp_path):
     while not pidfile.exists() or not pidfile.read_text():
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     err = proc.communicate(timeout=60)[1]
-    assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == ("dpaudit audit-impl: interrupted; no result "
-                                            "written") and "Traceback" not in err, err
-    with pytest.raises(ProcessLookupError):
-        os.kill(int(pidfile.read_text()), 0)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, err
+        assert err.strip().splitlines()[-1] == ("dpaudit audit-impl: interrupted; no result "
+                                                "written") and "Traceback" not in err, err
+    worker, deadline = int(pidfile.read_text()), time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(worker):
+        time.sleep(0.2)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` a running process (not gone, not a zombie)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -74,7 +74,7 @@ MODULE = textwrap.dedent('''
 
     def records_mates(X, y, seeds, spec, canaries=None):  # what the audit passed, kept
         with open(__file__ + ".mates", "a") as f:  # (it runs in the worker process)
-            f.write(f"{canaries.mates}\n")
+            f.write(f"{canaries.mates}\\n")
         return subjects.dpsgd_fixed(X, y, seeds, spec, canaries=canaries)
 
 

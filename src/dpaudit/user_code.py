@@ -330,6 +330,14 @@ def _worker_guard(out_fd: int, pid: int):
     return guard
 
 
+def _orphaned(parent: int) -> None:
+    """Kill this process group once the auditor is gone (killed, say, before it could kill
+    the worker), however long the user's code would run."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def _main() -> None:
     """The worker: protocol on the pipes of its stdin and stdout, moved to other
     descriptors (the user's prints go to stderr, its stdin reads nothing)."""
@@ -342,6 +350,7 @@ def _main() -> None:
     sys.stdout = sys.stderr
     pid = os.getpid()
     guard = _worker_guard(out_fd, pid)
+    threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
     _, target, threads = _receive(in_fd)
     import torch
 

@@ -85,7 +85,8 @@ from .audit import audit_implementation
 from .claim import (ALPHA, NO_VIOLATION, VIOLATES, VIOLATES_PROFILE, max_eps_lb, min_runs,
                     mu_claimed, verdict)
 from .modes import (INSERTION_ALPHA, MODE_KEYWORDS, MODES, RELATION, audit_whitebox,
-                    check_insertions, check_mode, pretrained_init, whitebox_clip)
+                    check_insertions, check_mode, pretrained_init, whitebox_clip,
+                    whitebox_runs)
 from .profile import PROFILE_GRID, ClaimedProfile, claimed_profile, profile_columns
 from .recheck import recheck_blackbox, recheck_whitebox
 from .reaudit import REAUDIT_COLUMNS, RUN_KEY, compare_retrained, reaudit
@@ -103,4 +104,4 @@ __all__ = ["ALPHA", "VIOLATES", "VIOLATES_PROFILE", "NO_VIOLATION", "PROFILE_GRI
            "audit_loss_table", "max_eps_lb", "min_runs", "audit_implementation",
            "audit_whitebox", "reaudit", "compare_retrained", "CALL_LIMIT", "UserCodeFailed",
            "user_call", "whitebox_clip", "INSERTION_ALPHA", "check_insertions",
-           "recheck_blackbox", "recheck_whitebox"]
+           "recheck_blackbox", "recheck_whitebox", "whitebox_runs"]

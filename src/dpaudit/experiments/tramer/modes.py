@@ -148,6 +148,26 @@ def check_insertions(given: dpsgd.GradientCanaries, runs: int, inside: bool,
                 f"{INSERTION_ALPHA:g})")
 
 
+def whitebox_runs(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: list[int], spec: dict,
+                  direction: torch.Tensor, inside: bool, mates: float = 0.0,
+                  runs: str = "runs", limit: float | None = None) -> dict:
+    """The white-box runs of ``seeds`` of one side: ``train_fn(X, y, seeds, spec,
+    canaries=GradientCanaries(direction, included=inside, mates=mates))`` (a
+    :class:`dpaudit.user_code.Worker` or a function called here; ``runs`` names the call,
+    ``limit`` bounds it) and their statistics (:func:`_canary_scores`: ``score``,
+    ``is_llr``, ``dot_sum``, ``insertions``), refused (:class:`Unauditable`) where the
+    output breaks the contract or the recorded insertions are implausible
+    (:func:`check_insertions`)."""
+    call = f"train(X, y, seeds, spec, canaries=...) of the {runs}"
+    reply = user_code.call(train_fn, X, y, {
+        "names": (call, call), "seeds": [int(s) for s in seeds], "spec": spec,
+        "canaries": (direction, torch.full((len(seeds), 1), bool(inside)), mates)}, limit)
+    check_insertions(SimpleNamespace(insertions=[dpsgd.Insertions(*i)
+                                                 for i in reply["insertions"]]),
+                     len(seeds), inside, call)
+    return _canary_scores(reply, len(seeds))
+
+
 def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: float,
                    delta: float, runs: int, val_runs: int, spec: dict, seed: int,
                    alpha: float = ALPHA, batch_runs: int = 1000,
@@ -183,15 +203,8 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
     direction = dirac_canary(X.numpy(), model, float(clip), seed, device="cpu")
 
     def scores_of(chunk: list[int], inside: bool, runs: str, mates: float = mates) -> dict:
-        call = f"train(X, y, seeds, spec, canaries=...) of the {runs}"
-        reply = user_code.call(train_fn, X, y, {
-            "names": (call, call), "seeds": [int(s) for s in chunk], "spec": spec,
-            "canaries": (direction, torch.full((len(chunk), 1), bool(inside)), mates)},
-            call_limit)
-        check_insertions(SimpleNamespace(insertions=[dpsgd.Insertions(*i)
-                                                     for i in reply["insertions"]]),
-                         len(chunk), inside, call)
-        return _canary_scores(reply, len(chunk))
+        return whitebox_runs(train_fn, X, y, chunk, spec, direction, inside, mates, runs,
+                             call_limit)
 
     if seed_check:
         check = run_seeds(seed, "seed-check", False, seed_check)
