@@ -225,6 +225,18 @@ def test_whatever_the_users_code_does_it_ends_in_one_line(audit, function, what)
         + f"{SEED_CHECK} {what}")
 
 
+def test_a_module_that_exits_on_import_is_one_line(audit, tmp_path, capsys):
+    """Checked before any training (the module imported to read its signature)."""
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
+    code = main(["audit-impl", "--train", "exits_on_import:train", "--eps", "1", "--delta",
+                 "1e-5", "--runs", "100", "--seed", "0", "--out", str(tmp_path / "o.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and not (tmp_path / "o.csv").exists(), err
+    assert err.strip() == ("dpaudit audit-impl: config error: --train "
+                           "'exits_on_import:train': importing module 'exits_on_import' "
+                           "called sys.exit(0)")
+
+
 def test_predict_changing_its_rows_is_named(audit):
     _refused(audit("mutates_rows"), "modified rows x of predict(x) in place")
 

@@ -133,6 +133,9 @@ def import_target(target: str):
     except ImportError as exc:
         raise ValueError(f"--train {target!r}: cannot import module {module_name!r}: "
                          f"{exc}") from exc
+    except BaseException as exc:  # noqa: BLE001  (its top-level code: sys.exit, say)
+        raise ValueError(f"--train {target!r}: importing module {module_name!r} "
+                         f"{describe(exc)[0]}") from None
     fn = module
     for part in func_name.split("."):
         fn = getattr(fn, part, None)
@@ -351,11 +354,11 @@ def _main() -> None:
     pid = os.getpid()
     guard = _worker_guard(out_fd, pid)
     threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
-    _, target, threads = _receive(in_fd)
     import torch
 
-    torch.set_num_threads(threads)
-    try:
+    try:  # a callable sent by reference is imported as it is unpickled
+        _, target, threads = _receive(in_fd)
+        torch.set_num_threads(threads)
         fn = import_target(target) if isinstance(target, str) else target
     except BaseException as exc:  # noqa: BLE001
         _send(out_fd, ("failed", "import of the training function", *describe(exc)))
