@@ -69,21 +69,28 @@ def main() -> None:
     def runs(fn):
         return lambda: train_runs(fn, X, y, X[0], seeds, {}, 1, test, None, "runs", 60)
 
-    here = _best(runs(trivial), args.calls, args.repeats)
-    t0 = time.perf_counter()
-    with Worker("bench_worker:trivial", trivial) as worker:
-        runs(worker)()
-        start = time.perf_counter() - t0
-        there = _best(runs(worker), args.calls, args.repeats)
-    print(f"overhead: trivial train_runs call, 8 seeds, canary + 2000 test rows: in process "
-          f"{here * 1e3:.2f} ms, in a worker {there * 1e3:.2f} ms (+{(there - here) * 1e3:.2f} "
-          f"ms per call); worker start and first call {start:.2f} s")
+    tiny = (X[:, :10], y, X[0, :10], (test[0][:10, :10], test[1][:10]))
+    cases = {"tiny (100 x 10 rows, 10 test rows)": tiny,
+             "audit-sized (500 x 784 rows, 2000 test rows)": (X, y, X[0], test)}
+    for name, (Xc, yc, xc, tc) in cases.items():
+        def runs(fn):
+            return lambda: train_runs(fn, Xc, yc, xc, seeds, {}, 1, tc, None, "runs", 60)
+
+        here = _best(runs(trivial), args.calls, args.repeats)
+        t0 = time.perf_counter()
+        with Worker("bench_worker:trivial", trivial) as worker:
+            runs(worker)()
+            start = time.perf_counter() - t0
+            there = _best(runs(worker), args.calls, args.repeats)
+        print(f"overhead, trivial function, 8 seeds, {name}: in process {here * 1e3:.2f} ms, "
+              f"in a worker {there * 1e3:.2f} ms per call ({(there - here) * 1e3:+.2f} ms); "
+              f"worker start and first call {start:.2f} s")
     for threads in (1, 2):
         with Worker("bench_worker:small", small, threads) as worker:
-            t = _best(runs(worker), max(1, args.calls // 10), args.repeats)
+            t = _best(lambda: train_runs(worker, X, y, X[0], seeds, {}, 1, test, None, "runs",
+                                         600), max(1, args.calls // 50), args.repeats)
         print(f"threads: small training function (8 models x 50 full-batch steps, 500 x 784) "
               f"in a worker with {threads} thread(s): {t * 1e3:.1f} ms per call")
-
 
 if __name__ == "__main__":
     main()
