@@ -218,8 +218,9 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
             init = tramer.pretrained_init(torch.as_tensor(X_all[aux]),
                                           torch.as_tensor(y_all[aux]), model, seed)
         try:
-            row, loss = _audit_one(plan, target, fn, X, y, canary, spec, seed, test, where,
-                                   key, together, init, profile)
+            row, loss = _audit_one(plan, target, fn, X, y, canary, spec, seed, test=test,
+                                   store=where, key=key, together=together, init=init,
+                                   profile=profile)
         except tramer.Unauditable as exc:
             raise SpecError(f"--train {target}: cannot be audited, no result written: "
                             f"{exc}") from exc
@@ -265,10 +266,9 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     write_table(table, out, provenance)
 
 
-def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int, test,
-               store, key, together: dict, init, profile):
+def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int, **more):
     """:func:`dpaudit.experiments.tramer.audit_implementation` of one implementation of
-    ``plan``: a user's function in a worker process of its own (:class:`dpaudit.user_code.
+    ``plan`` (``more``: its keyword arguments of this implementation): a user's function in a worker process of its own (:class:`dpaudit.user_code.
     Worker`, killed with its process group when the audit ends, however it ends); the
     registry subjects, dpaudit's own code, here, where those of one spec train as columns
     of the same calls."""
@@ -284,10 +284,9 @@ def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int,
             train_fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"],
             plan["val_runs"], spec, seed, plan["alpha"], plan["batch_runs"],
             progress=lambda msg: print(f"audit-impl: {target}: {msg}", file=sys.stderr),
-            test=test, store=store, key=key, together=together,
             seed_check=plan["seed_check"], max_diverged=plan["max_diverged"],
-            mode=plan["mode"], init=init, refuse_at_chance=not own, profile=profile,
-            call_limit=plan["call_limit"] or None, mates=plan["mates"])
+            mode=plan["mode"], refuse_at_chance=not own,
+            call_limit=plan["call_limit"] or None, mates=plan["mates"], **more)
 
 
 def _interruptible(command: str, run) -> None:
