@@ -73,11 +73,9 @@ MODULE = textwrap.dedent('''
 
 
     def records_mates(X, y, seeds, spec, canaries=None):  # what the audit passed, kept
-        MATES.append(canaries.mates)
+        with open(__file__ + ".mates", "a") as f:  # (it runs in the worker process)
+            f.write(f"{canaries.mates}\\n")
         return subjects.dpsgd_fixed(X, y, seeds, spec, canaries=canaries)
-
-
-    MATES = []
 
 
     def never_inserts(X, y, seeds, spec, canaries=None):  # runs without it on both sides
@@ -110,11 +108,14 @@ def audit(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("function, line, frame", [
-    ("raises_in_train", "--train user_code:raises_in_train raised ValueError: bad train",
+    ("raises_in_train", "--train user_code:raises_in_train: train(X, y, seeds, spec) of the "
+                        "seed check's 3 runs raised ValueError: bad train; no result written",
      "in _helper"),
-    ("raises_in_predict", "--train user_code:raises_in_predict raised ZeroDivisionError: "
-                          "division by zero", "in <lambda>"),
-    ("raises_own_class", "--train user_code:raises_own_class raised Oops: mine",
+    ("raises_in_predict", "--train user_code:raises_in_predict: predict(x) of the seed "
+                          "check's 3 runs raised ZeroDivisionError: division by zero; no "
+                          "result written", "in <lambda>"),
+    ("raises_own_class", "--train user_code:raises_own_class: train(X, y, seeds, spec) of the "
+                         "seed check's 3 runs raised Oops: mine; no result written",
      "in raises_own_class"),
 ])
 def test_an_exception_of_the_users_code_is_one_line_after_the_users_frames(
@@ -225,12 +226,13 @@ def test_the_trainer_records_each_runs_insertions():
 def test_white_box_passes_the_batch_mates_and_the_row_records_them(audit):
     """``--mates`` reaches the function as ``canaries.mates`` on every call and the row and
     provenance record it; without it neither has the key (earlier tables unchanged)."""
-    import user_code  # noqa: E402  (written by the fixture)
     from dpaudit.io import read_table
 
     code, err, out = audit("records_mates", "--mode", "white-box", "--mates", "-1")
     assert code == 0, err
-    assert user_code.MATES and set(user_code.MATES) == {-1.0}
+    calls = (out.parent.parent / "user_code.py.mates").read_text().split()
+    # every call but the mates probe's (mates 0, which must move the scores)
+    assert len(calls) > 3 and calls.count("0.0") == 1 and set(calls) == {"-1.0", "0.0"}
     df, prov = read_table(out)
     assert df.mates.tolist() == [-1.0] and prov["args"]["mates"] == -1.0
     code, err, out = audit("passes_canary", "--mode", "white-box")

@@ -391,17 +391,29 @@ def test_example_script_prints_one_verdict_line_per_audit(cases, tmp_path, monke
     X, y = _data()
     monkeypatch.setattr("dpaudit.data.load_fmnist", lambda root, classes, **kw:
                         (X.numpy(), y.numpy()))
+    # audit-impl's worker process imports `cases` afresh: this one, first on the path
+    worker_cases = tmp_path / "worker_cases"
+    worker_cases.mkdir()
+    monkeypatch.syspath_prepend(str(worker_cases))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # rewritten within a second
+
+    def correct(trainer: str) -> None:
+        monkeypatch.setattr(cases, "correct", eval(trainer))  # for the claim's flags
+        (worker_cases / "cases.py").write_text(
+            "import torch\nfrom test_opacus_adapter import B, C, LR, N, OpacusTrainer, "
+            f"_linear, _trainer\ncorrect = {trainer}\n")
+
     # a small eps by Opacus' accountant: the audit's floor is 37 runs per side
-    monkeypatch.setattr(cases, "correct", _trainer(noise_multiplier=20.0, epochs=1))
+    correct("_trainer(noise_multiplier=20.0, epochs=1)")
     line = example.audit("correct", "white-box", 40, 5, tmp_path, None, 0)
     assert line.startswith("correct (white-box, 40 + 5 runs per side, "), line
     assert line.endswith(": no violation detected") and "eps_LB 0.00 against" in line, line
-    momentum = OpacusTrainer(_linear, lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9),
-                             max_grad_norm=C, batch_size=B, epochs=1, n=N, noise_multiplier=20.0)
-    monkeypatch.setattr(cases, "correct", momentum)
+    correct("OpacusTrainer(_linear, lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9), "
+            "max_grad_norm=C, batch_size=B, epochs=1, n=N, noise_multiplier=20.0)")
     line = example.audit("correct", "white-box", 40, 5, tmp_path, None, 0)
     assert line.startswith("correct (white-box): audit failed (exit 2): dpaudit audit-impl: "
-                           "config error: --train cases:correct raised ValueError: mode "
+                           "config error: --train cases:correct: train(X, y, seeds, spec, "
+                           "canaries=...) of the seed check's 3 runs raised ValueError: mode "
                            "'white-box': the canary's scores assume plain SGD"), line
 
 

@@ -78,12 +78,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from typing import Callable, Sequence
 
 import torch
 
-from . import accounting, dpsgd
+from . import accounting, dpsgd, user_code
 
 # An audit trains the same subject in many calls; calibrating sigma takes about a second.
 _noise_multiplier = functools.lru_cache(maxsize=64)(accounting.noise_multiplier)
@@ -294,21 +293,10 @@ def load_train_fn(target: str) -> TrainFn:
     """
     if target in SUBJECTS:
         return SUBJECTS[target]
-    module_name, sep, func_name = target.partition(":")
-    if not sep or not module_name or not func_name:
+    if not all(target.partition(":")):
         raise ValueError(f"--train {target!r}: must be 'module.path:function' or one of "
                          f"{sorted(SUBJECTS)}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"--train {target!r}: cannot import module {module_name!r}: {exc}") from exc
-    fn = module
-    for part in func_name.split("."):
-        fn = getattr(fn, part, None)
-    if not callable(fn):
-        raise ValueError(f"--train {target!r}: module {module_name!r} has no callable "
-                         f"{func_name!r}")
-    return fn
+    return user_code.import_target(target)
 
 
 def claimed_noise_multiplier(spec: dict, n: int, fn: TrainFn | None = None) -> float:

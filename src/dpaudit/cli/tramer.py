@@ -226,14 +226,9 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
             init = tramer.pretrained_init(torch.as_tensor(X_all[aux]),
                                           torch.as_tensor(y_all[aux]), model, seed)
         try:
-            row, loss = tramer.audit_implementation(
-                fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"], plan["val_runs"],
-                spec, seed, plan["alpha"], plan["batch_runs"],
-                progress=lambda msg, t=target: print(f"audit-impl: {t}: {msg}", file=sys.stderr),
-                test=test, store=where, key=key, together=together,
-                seed_check=plan["seed_check"], max_diverged=plan["max_diverged"], mode=mode,
-                init=init, refuse_at_chance=fn not in subjects.SUBJECTS.values(),
-                profile=profile, call_limit=plan["call_limit"] or None, mates=plan["mates"])
+            row, loss = _audit_one(plan, target, fn, X, y, canary, spec, seed, test=test,
+                                   store=where, key=key, together=together, init=init,
+                                   profile=profile)
         except tramer.Unauditable as exc:
             raise SpecError(f"--train {target}: cannot be audited, no result written: "
                             f"{exc}") from exc
@@ -242,10 +237,14 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
                 raise SpecError(f"--train {target}: {exc.call} ran past the per-call time "
                                 f"limit of {exc.limit:g} s (--call-timeout); no result "
                                 "written") from None
-            if fn in subjects.SUBJECTS.values():  # dpaudit's own code: its traceback
-                raise exc.__cause__
-            raise _raised(target, exc.__cause__) from None
-        checked = (f"{row['seed_check']} seeds re-trained: deterministic"
+            if exc.__cause__ is not None and fn in subjects.SUBJECTS.values():
+                raise exc.__cause__  # dpaudit's own code: its traceback
+            if exc.trace:  # the user's frames (and their libraries'), not dpaudit's
+                print(exc.trace, end="", file=sys.stderr)
+            raise SpecError(f"--train {target}: {exc.call} {exc.what}; no result "
+                            "written") from None
+        checked = (f"{row['seed_check']} seeds re-trained before the runs, and "
+                   f"{row['seed_check']} runs of each side after them: deterministic"
                    if row["seed_check"] else "seeds not checked")
         accuracy = (f"test accuracy {row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
                     f"{row['test_acc_max']:.3f})" if "test_acc_mean" in row
@@ -275,20 +274,37 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     write_table(table, out, provenance)
 
 
-def _raised(target: str, exc: BaseException) -> SpecError:
-    """The one line for a user's function that raised ``exc``, after its traceback's frames
-    outside dpaudit (the user's own, and the libraries they call) on stderr."""
-    import os
-    import traceback
+def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int, **more):
+    """:func:`dpaudit.experiments.tramer.audit_implementation` of one implementation of
+    ``plan`` (``more``: its keyword arguments of this implementation): a user's function in a worker process of its own (:class:`dpaudit.user_code.
+    Worker`, killed with its process group when the audit ends, however it ends); the
+    registry subjects, dpaudit's own code, here, where those of one spec train as columns
+    of the same calls."""
+    import contextlib
 
-    ours = str(Path(__file__).resolve().parents[1]) + os.sep
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not str(Path(f.filename).resolve()).startswith(ours)]
-    if frames:
-        print("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)),
-              end="", file=sys.stderr)
-    message = (str(exc).splitlines() or [""])[0]
-    return SpecError(f"--train {target} raised {type(exc).__name__}: {message}")
+    from .. import subjects, user_code
+    from ..experiments import tramer
+
+    own = fn in subjects.SUBJECTS.values()
+    with (contextlib.nullcontext(fn) if own else
+          user_code.Worker(target, fn, plan.get("threads", 1))) as train_fn:
+        return tramer.audit_implementation(
+            train_fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"],
+            plan["val_runs"], spec, seed, plan["alpha"], plan["batch_runs"],
+            progress=lambda msg: print(f"audit-impl: {target}: {msg}", file=sys.stderr),
+            seed_check=plan["seed_check"], max_diverged=plan["max_diverged"],
+            mode=plan["mode"], refuse_at_chance=not own,
+            call_limit=plan["call_limit"] or None, mates=plan["mates"], **more)
+
+
+def _interruptible(command: str, run) -> None:
+    """``run()``; Ctrl-C ends it with one line and exit status 130 (a worker process is
+    killed on the way out), not a traceback."""
+    try:
+        run()
+    except KeyboardInterrupt:
+        print(f"dpaudit {command}: interrupted; no result written", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def _audit_impl(args) -> None:
@@ -300,6 +316,7 @@ def _audit_impl(args) -> None:
                   args.n_train, args.batch_runs, classes, args.label, args.spec,
                   seed_check=args.seed_check, max_diverged=args.max_diverged, mode=args.mode,
                   n_aux=args.n_aux, call_limit=args.call_timeout, mates=args.mates)
+    plan["threads"] = _positive_int(args.threads, "--threads")
     # The default mode's provenance is as before the tight modes (and batch mates): byte-
     # identical files; a time limit changes no number.
     tight = () if args.mode == "black-box" else ("mode", "n_aux")
@@ -307,9 +324,11 @@ def _audit_impl(args) -> None:
                   "args": {k: v for k, v in vars(args).items()
                            if k not in ("func", "call_timeout")
                            and (k not in ("mode", "n_aux") or k in tight)
-                           and (k != "mates" or args.mates)}}
-    _run(plan, args.canary, args.data_root, args.download, args.seed, args.out, args.losses,
-         provenance, args.store)
+                           and (k != "mates" or args.mates)
+                           and (k != "threads" or args.threads != 1)}}
+    _interruptible("audit-impl", lambda: _run(plan, args.canary, args.data_root,
+                                              args.download, args.seed, args.out,
+                                              args.losses, provenance, args.store))
 
 
 def _tramer_audit(args) -> None:
@@ -329,8 +348,9 @@ def _tramer_audit(args) -> None:
                   claim.get("mode", "black-box"), claim.get("n_aux", 500))
     provenance = {"command": "tramer-audit", "target": args.target, "spec": sec, "data": data,
                   "seed": args.seed}
-    _run(plan, claim["canary"], data["root"], data["download"], args.seed, args.out,
-         args.losses, provenance, args.store)
+    _interruptible("tramer-audit", lambda: _run(plan, claim["canary"], data["root"],
+                                                data["download"], args.seed, args.out,
+                                                args.losses, provenance, args.store))
 
 
 def _reaudit(args) -> None:
@@ -430,7 +450,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed-check", type=int, default=None, metavar="K",
                    help="before the runs, train K seeds twice (the second time in reverse "
                         "order) and refuse the function unless each seed gives the same "
-                        "logits and different seeds differ; 0 skips it (default 3)")
+                        "logits and different seeds differ; after them, re-train K runs of "
+                        "each side drawn from their outputs, and probe that the mode's "
+                        "init, canary and mates change the runs; 0 skips these (default 3)")
     p.add_argument("--max-diverged", type=float, default=0.0, metavar="F",
                    help="largest fraction of runs that may diverge (non-finite canary loss; "
                         "they count as 'out'); more, and the audit refuses (default 0)")
@@ -452,6 +474,9 @@ def register(subparsers) -> None:
                    help="longest one call of a training function (or of its predict) may "
                         "take; past it the audit stops, naming the call; 0: no limit "
                         f"(default {CALL_LIMIT:g})")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch (and OpenMP) threads of the worker process that runs a "
+                        "user's training function (default 1; docs/audit_your_implementation.md)")
     p.set_defaults(func=_audit_impl)
 
     p = subparsers.add_parser(

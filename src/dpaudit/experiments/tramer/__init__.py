@@ -71,7 +71,10 @@ assumes the Gaussian trade-off curve (an estimate).
 Modules: :mod:`.claim` (the claim under test, the verdicts, the runs a claim needs),
 :mod:`.profile` (the profile test), :mod:`.statistics` (threshold, counts and bounds of the
 runs' scores), :mod:`.runs` (the calls of the training function, their limits and the seed
-check), :mod:`.modes` (the tight modes), :mod:`.audit` (the ``audit-impl`` procedure) and
+check; a user's function runs in a :class:`dpaudit.user_code.Worker`), :mod:`.recheck`
+(the checks after the runs, on seeds the function cannot predict, and the probes of what
+each mode passes), :mod:`.modes` (the tight modes), :mod:`.audit` (the ``audit-impl``
+procedure) and
 :mod:`.reaudit` (an audit table recomputed from its losses); this package re-exports their
 public names.
 """
@@ -82,8 +85,10 @@ from .audit import audit_implementation
 from .claim import (ALPHA, NO_VIOLATION, VIOLATES, VIOLATES_PROFILE, max_eps_lb, min_runs,
                     mu_claimed, verdict)
 from .modes import (INSERTION_ALPHA, MODE_KEYWORDS, MODES, RELATION, audit_whitebox,
-                    check_insertions, check_mode, pretrained_init, whitebox_clip)
+                    check_insertions, check_mode, pretrained_init, whitebox_clip,
+                    whitebox_runs)
 from .profile import PROFILE_GRID, ClaimedProfile, claimed_profile, profile_columns
+from .recheck import recheck_blackbox, recheck_whitebox
 from .reaudit import REAUDIT_COLUMNS, RUN_KEY, compare_retrained, reaudit
 from .runs import (CALL_LIMIT, CONTRACT, SEED_CHECK, Unauditable, UserCodeFailed, check_options,
                    check_seeds, run_seeds, train_runs, trainer_digest, user_call)
@@ -98,4 +103,5 @@ __all__ = ["ALPHA", "VIOLATES", "VIOLATES_PROFILE", "NO_VIOLATION", "PROFILE_GRI
            "verdict", "profile_columns", "audit_counts", "audit_scores", "audit_losses",
            "audit_loss_table", "max_eps_lb", "min_runs", "audit_implementation",
            "audit_whitebox", "reaudit", "compare_retrained", "CALL_LIMIT", "UserCodeFailed",
-           "user_call", "whitebox_clip", "INSERTION_ALPHA", "check_insertions"]
+           "user_call", "whitebox_clip", "INSERTION_ALPHA", "check_insertions",
+           "recheck_blackbox", "recheck_whitebox", "whitebox_runs"]

@@ -13,6 +13,7 @@ from ...trials import Side, run as run_trials
 from .claim import ALPHA
 from .modes import _tight_columns, audit_whitebox, check_mode
 from .profile import ClaimedProfile
+from .recheck import recheck_blackbox
 from .runs import (CALL_LIMIT, SEED_CHECK, Progress, Unauditable, _with_canary, check_options,
                    check_seeds, run_seeds, train_runs)
 from .statistics import GROUPS, OWN_RUNS, accuracy_columns, audit_loss_table
@@ -51,8 +52,9 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
 
     The audit refuses (:class:`Unauditable`, before writing anything) what it cannot
     audit: output that breaks the contract; runs that do not follow their seeds
-    (:func:`check_seeds` on ``seed_check`` seeds of their own before any run; 0 skips
-    it); more than a fraction ``max_diverged`` of runs with a non-finite canary loss
+    (:func:`check_seeds` on ``seed_check`` seeds of their own before any run, and
+    :func:`recheck_blackbox` on ``seed_check`` runs of each side drawn after them, with
+    the probe of ``init``; 0 skips both); more than a fraction ``max_diverged`` of runs with a non-finite canary loss
     (diverged: they count as "out", a fixed decision); and, with ``test`` and
     ``refuse_at_chance``, models whose mean test accuracy is no better than always
     predicting the most frequent test class (a user's function that learns nothing is
@@ -71,8 +73,9 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     add/remove neighbours): the same runs also test the claimed DP-SGD privacy profile
     (:func:`profile_columns`), and the verdict names the test that fired.
 
-    Every call of ``train_fn`` and of its predict is a :func:`user_call` that may take
-    ``call_limit`` seconds: one that raises or runs past it ends the audit
+    ``train_fn``: a :class:`dpaudit.user_code.Worker` (the user's code in a process of its
+    own) or a function called in this process. Every call of it and of its predict may
+    take ``call_limit`` seconds: one that fails or runs past it ends the audit
     (:class:`UserCodeFailed`, naming the call).
     """
     if runs < 1 or val_runs < 1:
@@ -138,6 +141,10 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                                       side("evaluation", True, runs)],
                                      train_score, batch_runs, log, store=store,
                                      key=keyed(key, True))], ignore_index=True)
+    if seed_check:  # on seeds drawn from all the runs' outputs; with init, its probe
+        recheck_blackbox(lambda chunk, inside, more, named: train_runs(
+            train_fn, X, y, canary.x, chunk, spec, label if inside else None, None, more,
+            named, call_limit)["log_prob"], out, seed, seed_check, extra)
     out["loss"] = [-lp[label] for lp in out.log_prob]
     keep = ["split", "canary_in", "run", "seed", "loss"] + (["test_acc"] if test is not None else [])
     out = out.rename(columns={"trial": "run"})[keep]

@@ -5,17 +5,18 @@ iterate scored, with the check that the canary went in."""
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ... import dpsgd, seeds, subjects
+from ... import dpsgd, seeds, subjects, user_code
 from ...trials import Side, run as run_trials
 from .claim import ALPHA
 from .profile import ClaimedProfile
-from .runs import (CALL_LIMIT, SEED_CHECK, Progress, Unauditable, check_options, run_seeds,
-                   user_call)
+from .recheck import recheck_whitebox
+from .runs import CALL_LIMIT, SEED_CHECK, Progress, Unauditable, check_options, run_seeds
 from .statistics import GROUPS, audit_scores
 
 
@@ -35,8 +36,10 @@ RELATION = "add/remove"
 
 
 def check_mode(train_fn, mode: str) -> None:
-    """ValueError naming ``mode`` unless it is one of :data:`MODES` and ``train_fn``
-    accepts the keyword argument it passes (:data:`MODE_KEYWORDS`), by name or ``**kwargs``."""
+    """ValueError naming ``mode`` unless it is one of :data:`MODES` and ``train_fn`` (or a
+    :class:`dpaudit.user_code.Worker`'s function) accepts the keyword argument it passes
+    (:data:`MODE_KEYWORDS`), by name or ``**kwargs``."""
+    train_fn = user_code.function_of(train_fn)
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: must be one of {MODES}")
     if mode not in MODE_KEYWORDS:
@@ -79,28 +82,20 @@ def _tight_columns(mode: str, method: str, threat_model: str, claimed_eps: float
             "relation": relation, "eps_th": claimed_eps, "certified": True}
 
 
-def _canary_scores(run, count: int) -> dict:
-    """The per-run scores of a white-box call's ``run`` (a CanaryRun): ``score`` the
-    likelihood ratio ``llr`` (the dot-sum ``scores`` where it is None, without noise),
-    ``is_llr`` which, ``dot_sum``; refused (:class:`Unauditable`) unless they are (count, 1)
-    floating tensors."""
-    def column(name: str):
-        v = getattr(run, name, None)
-        if v is None and name == "llr":
-            return None
-        if not (isinstance(v, torch.Tensor) and v.is_floating_point()
-                and tuple(v.shape) == (count, 1)):
-            got = type(v).__name__ + (f" of shape {tuple(v.shape)}" if hasattr(v, "shape")
-                                      else "")
-            raise Unauditable(f"white-box mode: train(..., canaries=...) returned {name} "
-                              f"{got}; the contract is a dpaudit.dpsgd.CanaryRun whose "
-                              f"{name} is a floating tensor (len(seeds)={count}, 1)")
-        return np.nan_to_num(v[:, 0].double().cpu().numpy(), nan=-np.inf, posinf=np.inf,
-                             neginf=-np.inf)
+def _canary_scores(reply: dict, count: int) -> dict:
+    """The per-run scores of a white-box call's ``reply`` (:func:`dpaudit.user_code.serve`:
+    its CanaryRun's ``scores`` and ``llr``, (count, 1) float64, and its recorded
+    insertions): ``score`` the likelihood ratio ``llr`` (the dot-sum ``scores`` where it
+    is None, without noise), ``is_llr`` which, ``dot_sum``, and ``insertions``, how many
+    times each run recorded the canary inserted."""
+    def column(v):
+        return np.nan_to_num(v[:, 0].numpy(), nan=-np.inf, posinf=np.inf, neginf=-np.inf)
 
-    dot, llr = column("scores"), column("llr")
-    return {"score": dot if llr is None else llr, "is_llr": np.full(count, llr is not None),
-            "dot_sum": dot}
+    dot, llr = column(reply["scores"]), reply["llr"]
+    inserted = sum((np.asarray(c)[:, 0] for _, _, c in reply["insertions"]
+                    if tuple(np.shape(c)) == (count, 1)), np.zeros(count, np.int64))
+    return {"score": dot if llr is None else column(llr), "is_llr": np.full(count, llr is not None),
+            "dot_sum": dot, "insertions": inserted}
 
 
 def whitebox_clip(spec: dict) -> float:
@@ -153,6 +148,26 @@ def check_insertions(given: dpsgd.GradientCanaries, runs: int, inside: bool,
                 f"{INSERTION_ALPHA:g})")
 
 
+def whitebox_runs(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: list[int], spec: dict,
+                  direction: torch.Tensor, inside: bool, mates: float = 0.0,
+                  runs: str = "runs", limit: float | None = None) -> dict:
+    """The white-box runs of ``seeds`` of one side: ``train_fn(X, y, seeds, spec,
+    canaries=GradientCanaries(direction, included=inside, mates=mates))`` (a
+    :class:`dpaudit.user_code.Worker` or a function called here; ``runs`` names the call,
+    ``limit`` bounds it) and their statistics (:func:`_canary_scores`: ``score``,
+    ``is_llr``, ``dot_sum``, ``insertions``), refused (:class:`Unauditable`) where the
+    output breaks the contract or the recorded insertions are implausible
+    (:func:`check_insertions`)."""
+    call = f"train(X, y, seeds, spec, canaries=...) of the {runs}"
+    reply = user_code.call(train_fn, X, y, {
+        "names": (call, call), "seeds": [int(s) for s in seeds], "spec": spec,
+        "canaries": (direction, torch.full((len(seeds), 1), bool(inside)), mates)}, limit)
+    check_insertions(SimpleNamespace(insertions=[dpsgd.Insertions(*i)
+                                                 for i in reply["insertions"]]),
+                     len(seeds), inside, call)
+    return _canary_scores(reply, len(seeds))
+
+
 def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: float,
                    delta: float, runs: int, val_runs: int, spec: dict, seed: int,
                    alpha: float = ALPHA, batch_runs: int = 1000,
@@ -170,7 +185,9 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
     and the per-run scores (split, canary_in, run, seed, score). Refuses
     (:class:`Unauditable`) what breaks the contract, runs that do not follow their seeds
     (``seed_check`` of them trained twice, the second time in reverse order, must give the
-    same scores, and different seeds different ones) and more than ``max_diverged`` runs
+    same scores, and different seeds different ones; after the runs,
+    :func:`recheck_whitebox` on runs drawn from them, with the probes of the canary and
+    the mates) and more than ``max_diverged`` runs
     with a non-finite score, and calls after which the canaries object passed does not
     record that the canary went in as its draws make likely (:func:`check_insertions`).
     ``profile`` and ``call_limit``: as in :func:`audit_implementation`."""
@@ -185,14 +202,9 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
     # On the CPU: the same canary on every machine; the trainer moves it where it trains.
     direction = dirac_canary(X.numpy(), model, float(clip), seed, device="cpu")
 
-    def scores_of(chunk: list[int], inside: bool, runs: str) -> dict:
-        given = dpsgd.GradientCanaries(direction, torch.full((len(chunk), 1), bool(inside)),
-                                       mates=mates)
-        call = f"train(X, y, seeds, spec, canaries=...) of the {runs}"
-        run = user_call(call, call_limit, train_fn, X, y, list(chunk), spec, canaries=given)
-        scores = _canary_scores(run, len(chunk))
-        check_insertions(given, len(chunk), inside, call)
-        return scores
+    def scores_of(chunk: list[int], inside: bool, runs: str, mates: float = mates) -> dict:
+        return whitebox_runs(train_fn, X, y, chunk, spec, direction, inside, mates, runs,
+                             call_limit)
 
     if seed_check:
         check = run_seeds(seed, "seed-check", False, seed_check)
@@ -220,6 +232,8 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
                          chunk, s.columns["canary_in"],
                          f"{s.name} {start}-{start + len(chunk) - 1}"),
                      batch_runs, progress, store=store, key={**(key or {}), "mode": "white-box"})
+    if seed_check:  # on seeds drawn from all the runs' scores, and probes of the canary
+        recheck_whitebox(scores_of, out, seed, seed_check, mates)
     is_llr = bool(out.is_llr.all())
     if out.is_llr.any() != is_llr:
         raise Unauditable("white-box mode: some calls returned llr and others None")
@@ -239,6 +253,6 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
                           groups[("evaluation", True)], groups[("evaluation", False)],
                           claimed_eps, delta, alpha, profile),
            **_tight_columns("white-box", method, METHODS[method], claimed_eps,
-                            subjects.canary_relation(train_fn)),
+                            subjects.canary_relation(user_code.function_of(train_fn))),
            **({"mates": float(mates)} if mates else {})}
     return row, table

@@ -1,17 +1,17 @@
 """The audited training function's runs: their seeds, every call of the function (the
-contract of :mod:`dpaudit.subjects`, a time limit, its failures named), and the check that
-its runs follow their seeds."""
+contract of :mod:`dpaudit.subjects`, in a :class:`dpaudit.user_code.Worker` or in this
+process, a time limit, its failures named), and the check before the runs that they follow
+their seeds."""
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from ... import canaries, seeds, subjects, trials
+from ... import canaries, seeds, subjects, trials, user_code
+from ...user_code import CONTRACT, Unauditable, UserCodeFailed, user_call  # noqa: F401
 
 
 Progress = Callable[[str], None]
@@ -41,27 +41,8 @@ def trainer_digest() -> str:
     from ... import dpsgd
     from ...io import source_digest
 
-    return source_digest(dpsgd, subjects, canaries, seeds, trials, sys.modules[__package__])
-
-
-class Unauditable(ValueError):
-    """The training function's runs cannot be audited (they break the contract, diverge,
-    learn nothing or do not follow their seeds): any verdict on them would certify nothing."""
-
-
-class UserCodeFailed(Exception):
-    """A call of the audited training function (or of the ``predict`` it returned) raised
-    (its exception is the ``__cause__``) or ran past ``limit`` seconds (``timed_out``);
-    ``call`` names the call."""
-
-    def __init__(self, call: str, timed_out: bool = False, limit: float | None = None):
-        super().__init__(f"{call} ran past its limit of {limit:g} s" if timed_out else call)
-        self.call, self.timed_out, self.limit = call, timed_out, limit
-
-
-class _PastLimit(BaseException):
-    """Raised into a call at its time limit; not an Exception, so that the audited code's
-    ``except Exception`` does not swallow it."""
+    return source_digest(dpsgd, subjects, canaries, seeds, trials, user_code,
+                         sys.modules[__package__])
 
 
 #: Seconds one call of a training function (or of its predict) may take by default: a call
@@ -69,67 +50,26 @@ class _PastLimit(BaseException):
 CALL_LIMIT = 3600.0
 
 
-def user_call(call: str, limit: float | None, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``, the call of the audited code that ``call`` names;
-    :class:`UserCodeFailed` where it raises or runs past ``limit`` seconds. ``limit`` None
-    or 0: none. The limit is a SIGALRM timer, so it holds in the main thread of a POSIX
-    process only (elsewhere the call runs without one), and it interrupts Python code, not
-    a single C call that never returns."""
-    timed = bool(limit) and hasattr(signal, "SIGALRM") \
-        and threading.current_thread() is threading.main_thread()
-    if timed:
-        def expire(signum, frame):
-            raise _PastLimit
-        previous = signal.signal(signal.SIGALRM, expire)
-        signal.setitimer(signal.ITIMER_REAL, limit)
-    try:
-        return fn(*args, **kwargs)
-    except _PastLimit:
-        raise UserCodeFailed(call, True, limit) from None
-    except Exception as exc:
-        raise UserCodeFailed(call) from exc
-    finally:
-        if timed:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-
-
-#: Seeds :func:`check_seeds` re-trains by default before an audit.
+#: Seeds :func:`check_seeds` re-trains by default before an audit, and the runs of each side
+#: :func:`dpaudit.experiments.tramer.recheck` re-trains after it.
 SEED_CHECK = 3
 
 
-#: The contract of a training function's output, for messages.
-CONTRACT = ("train(X, y, seeds, spec) must return predict, and predict(x) a floating-point "
-            "torch tensor of logits of shape (len(seeds), len(x), n_classes)")
-
-
-def _trained(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict,
-             extra: dict | None = None, named: str = "runs", limit: float | None = None):
-    """``logits_of(rows)``: the logits (runs, rows, C) of ``train_fn``'s runs on (X, y)
-    (``extra``: the mode's keyword arguments), refused (:class:`Unauditable`) unless they
-    keep the contract, C = max label + 1. Every call of ``train_fn`` and of its predict is
-    a :func:`user_call` under ``limit``, named by the runs it trains (``named``)."""
-    predict = user_call(f"train(X, y, seeds, spec) of the {named}", limit, train_fn, X, y,
-                        list(seeds), spec, **(extra or {}))
-    if not callable(predict):
-        raise Unauditable(f"train returned {type(predict).__name__}, not a function; {CONTRACT}")
-    runs, n_classes = len(seeds), int(y.max()) + 1
-
-    def logits_of(rows: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            z = user_call(f"predict(x) of the {named}", limit, predict, rows.to(X.dtype))
-        shape = tuple(getattr(z, "shape", ()))
-        if not (isinstance(z, torch.Tensor) and z.is_floating_point()
-                and shape == (runs, len(rows), n_classes)):
-            got = type(z).__module__ + "." + type(z).__name__
-            if hasattr(z, "shape"):
-                got += f" of shape {shape}, dtype {getattr(z, 'dtype', '?')}"
-            raise Unauditable(f"predict(x) returned {got}; the contract is a floating-point "
-                              f"torch tensor of shape (len(seeds)={runs}, "
-                              f"len(x)={len(rows)}, n_classes={n_classes})")
-        return z
-
-    return logits_of
+def logits(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict,
+           rows: Sequence[torch.Tensor], extra: dict | None = None, named: str = "runs",
+           limit: float | None = None, insert: tuple | None = None) -> list[torch.Tensor]:
+    """The logits (runs, len(r), C) of ``train_fn``'s runs of ``seeds`` on (X, y) (with
+    ``insert`` = (x, label), the canary row appended) on each of ``rows``, C = max label
+    + 1; ``extra``: the mode's keyword arguments. ``train_fn``: a function called here or a
+    :class:`dpaudit.user_code.Worker` (train and its predict in one round trip there).
+    Output that breaks the contract is refused (:class:`Unauditable`); each call of the
+    user's code is named by the runs it trains (``named``) and may take ``limit`` seconds
+    (:class:`UserCodeFailed`)."""
+    request = {"names": (f"train(X, y, seeds, spec) of the {named}",
+                         f"predict(x) of the {named}"),
+               "seeds": [int(s) for s in seeds], "spec": spec, "extra": extra,
+               "insert": insert, "rows": list(rows)}
+    return user_code.call(train_fn, X, y, request, limit)["logits"]
 
 
 def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
@@ -148,16 +88,16 @@ def train_runs(train_fn, X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
     NaN outputs (a diverged run) become -inf log-probabilities, i.e. infinite loss: a
     fixed decision; a test prediction with a non-finite logit counts as wrong.
     """
-    X, y = _with_canary(X, y, x, insert_label)
-    logits_of = _trained(train_fn, X, y, seeds, spec, extra, runs, limit)
-    # The canary in a call of its own: its logits do not depend on the test set's size
-    # (a matmul's rounding does), so the losses stay those of an audit without it.
-    lp = torch.log_softmax(logits_of(x[None])[:, 0].to(torch.float64), dim=-1).cpu().numpy()
+    insert = None if insert_label is None else (x, int(insert_label))
+    # The canary in a predict call of its own: its logits do not depend on the test set's
+    # size (a matmul's rounding does), so the losses stay those of an audit without it.
+    rows = [x[None]] + ([test[0]] if test is not None else [])
+    z = logits(train_fn, X, y, seeds, spec, rows, extra, runs, limit, insert)
+    lp = torch.log_softmax(z[0][:, 0].to(torch.float64), dim=-1).numpy()
     out = {"log_prob": np.nan_to_num(lp, nan=-np.inf, posinf=np.inf, neginf=-np.inf)}
     if test is not None:
-        z = logits_of(test[0])
-        right = (z.argmax(-1) == test[1].to(z.device)) & torch.isfinite(z).all(-1)
-        out["test_acc"] = right.to(torch.float64).mean(1).cpu().numpy()
+        right = (z[1].argmax(-1) == test[1]) & torch.isfinite(z[1]).all(-1)
+        out["test_acc"] = right.to(torch.float64).mean(1).numpy()
     return out
 
 
@@ -188,12 +128,12 @@ def check_seeds(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int]
     if len(seeds) < 2:
         raise ValueError(f"seeds: the check needs at least 2, got {len(seeds)}")
     runs = f"seed check's {len(seeds)} runs"
-    z = _trained(train_fn, X, y, seeds, spec, extra, runs, limit)(rows).to(torch.float64).cpu()
+    z = logits(train_fn, X, y, seeds, spec, [rows], extra, runs, limit)[0].to(torch.float64)
     if not torch.isfinite(z[:, 0]).all(-1).any():
         raise Unauditable(f"all {len(seeds)} runs of the seed check diverged (non-finite "
                           "logits on the canary input)")
-    again = _trained(train_fn, X, y, seeds[::-1], spec, extra, runs, limit)(rows).to(
-        torch.float64).cpu().flip(0)
+    again = logits(train_fn, X, y, seeds[::-1], spec, [rows], extra, runs, limit)[0].to(
+        torch.float64).flip(0)
     finite = z[torch.isfinite(z)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
     for k, seed in enumerate(seeds):
