@@ -69,3 +69,15 @@ def test_nested_config_text_is_read_only_where_the_schema_type_asks():
         with pytest.raises(SpecError, match=f"{section}.{key}="):
             validate_section({key: cfg[section][key]}, section,
                              schema_node=subset_schema([key], section))
+
+
+def test_start_up_runs_check_equals_the_bounds():
+    """The start-up check's scipy-free count of runs a perfect attack needs is the bounds'
+    (dpaudit.bounds.runs_to_exceed, by Clopper-Pearson) wherever it is below 10^8."""
+    from dpaudit.bounds import runs_to_exceed
+    from dpaudit.experiments.checks import perfect_attack_runs
+
+    for eps in (0.01, 0.21, 1, 2, 4, 8):
+        for delta in (0, 1e-5, 1e-3, 0.1):
+            for alpha in (1e-10, 1e-3, 0.05, 0.5):
+                assert perfect_attack_runs(eps, delta, alpha) == runs_to_exceed(eps, delta, alpha)

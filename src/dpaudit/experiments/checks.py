@@ -227,19 +227,36 @@ def shuffle_problems(section: dict) -> list[str]:
     return found
 
 
+def perfect_attack_runs(eps: float, delta: float, alpha: float) -> int:
+    """:func:`dpaudit.bounds.runs_to_exceed` in closed form, without scipy (whose import is
+    most of Snakemake's start-up): a perfect attack's Clopper-Pearson bounds on n trials per
+    side are ``TPR_lo = (alpha/2)^(1/n)`` and ``FPR_hi = 1 - TPR_lo``, so its eps_LB is
+    ``ln((TPR_lo - delta) / FPR_hi)``, increasing in n (tested equal to the bounds')."""
+    def eps_lb(n: int) -> float:
+        lo = (alpha / 2) ** (1 / n)
+        return math.log((lo - delta) / (1 - lo)) if lo > delta else -math.inf
+
+    hi = 1
+    while eps_lb(hi) <= eps:
+        hi *= 2
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if eps_lb(mid) > eps else (mid, hi)
+    return hi
+
+
 def tramer_problems(section: dict) -> list[str]:
     """The cross-key limits of the ``tramer`` section: evaluation runs enough for a
-    perfect attack to refute each claim at ``alpha`` (:func:`dpaudit.bounds.runs_to_exceed`,
+    perfect attack to refute each claim at ``alpha`` (:func:`perfect_attack_runs`,
     as ``dpaudit audit-impl`` requires), and a
     ``user.train`` whose module can be found (looked up, not imported: importing it may
     import torch or run its code)."""
     from importlib.util import find_spec
 
-    from ..bounds import runs_to_exceed
-
     found = []
     for where, claim in (("tramer", section), ("tramer.user", section["user"])):
-        need = runs_to_exceed(claim["eps"], claim["delta"], section["alpha"])
+        need = perfect_attack_runs(claim["eps"], claim["delta"], section["alpha"])
         if claim["runs"] < need:
             found.append(f"{where}.runs={claim['runs']}: must be >= {need}, the fewest "
                          f"evaluation runs per side at which even a perfect attack refutes "
