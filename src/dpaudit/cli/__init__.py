@@ -22,7 +22,7 @@ from ..io import BadInputFile, DataNotFound
 
 #: Subcommand modules, in help order.
 COMMANDS = ("data", "hw3", "accounting", "ridge", "jagielski", "trials_needed", "tramer", "onerun",
-            "abadi", "report", "tight", "shuffle", "opacus_check")
+            "abadi", "report", "tight", "shuffle", "opacus_check", "runs_needed")
 
 
 def spec_arg(text: str) -> dict:
@@ -125,7 +125,7 @@ COMMAND_MODULES = {
     "abadi-plot": "abadi", "md-html": "report",
     "tight-whitebox-audit": "tight", "tight-blackbox-audit": "tight", "tight-table": "tight",
     "tight-plot": "tight", "shuffle-audit": "shuffle", "shuffle-plot": "shuffle",
-    "opacus-check": "opacus_check",
+    "opacus-check": "opacus_check", "runs-needed": "runs_needed",
 }
 
 
