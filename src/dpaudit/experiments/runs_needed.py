@@ -112,7 +112,7 @@ def poisson_pair(sigma: float, q: float, steps: int, grid: int = GRID) -> ScoreG
     low, high = float(llr(-10 * sigma)), float(llr(1 + 10 * sigma))
     width = (high - low) / (bins - 1)
     inner = low + width * np.arange(1, bins)  # bin k is [low + k w, low + (k + 1) w)
-    edges = np.concatenate([[-np.inf], s2 * (np.log(np.expm1(inner) + q) - math.log(q)) + 0.5,
+    edges = np.concatenate([[-np.inf], s2 * (inner + np.log1p(-np.exp(log_stay - inner)) - math.log(q)) + 0.5,
                             [np.inf]])
 
     def mass(shift: float) -> np.ndarray:
@@ -248,7 +248,7 @@ def answer(question: Question, log: Callable[[dict], None] | None = None,
     from :func:`~dpaudit.experiments.tramer.min_runs` (below it no attack refutes the claim)
     doubling until it does, then bisected to 5% (:func:`power_at` each; a count's power
     does not depend on the path that led to it). ``grid``: the bug's scores, else
-    :func:`poisson_pair` at the :func:`calibrate`\ d noise, coarsened to :data:`LEVELS`.
+    :func:`poisson_pair` at the noise of :func:`calibrate`, coarsened to :data:`LEVELS`.
     Returns ``{"runs": n or None (not within max_runs), "sigma_bug", "min_runs",
     "tried": [rows]}``; each row also goes to ``log``."""
     from .tramer.claim import min_runs
