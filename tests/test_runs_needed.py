@@ -58,7 +58,7 @@ def test_the_answer_falls_as_the_bug_grows():
         return rn.answer(rn.Question(1.0, 1e-5, k, 1.0, 1, 0.05, reps=60),
                          grid=grid.coarse(rn.LEVELS))["runs"]
 
-    answers = [runs(k) for k in (2.0, 4.0, 8.0)]
+    answers = [runs(k) for k in (4.0, 8.0, 16.0)]
     assert answers[0] > answers[1] >= answers[2] >= min_runs(1.0, 1e-5, 0.05)
 
 
