@@ -467,3 +467,12 @@ def test_example_script_runs_every_audit_in_its_own_processes(tmp_path):
             ("no violation detected", "violates its claimed guarantee",
              "violates the claimed DP-SGD privacy profile")), line
         assert (tmp_path / "out" / f"{name}_{mode}.csv").is_file()
+
+
+def test_the_whitebox_relation_is_the_loaders_insertion():
+    """The shuffled loader's canary takes a slot of the same batches (zero-out); Poisson
+    sampling adds it at rate q (add/remove): the audit row's ``relation`` says which."""
+    from dpaudit.subjects import canary_relation
+
+    assert canary_relation(_trainer(poisson_sampling=False)) == "zero-out"
+    assert canary_relation(_trainer(poisson_sampling=True)) == "add/remove"
