@@ -111,9 +111,16 @@ def claim_p_value(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, eps: float,
     ``1 - alpha / 2``, which is 1 in double precision below about 2e-16). eps_LB grows
     with alpha, so the level is found by bisection on ``log alpha`` (to 1e-9 relative);
     the returned level refutes."""
-    eps_lb = lambda a: eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, a, delta, k)  # noqa: E731
-    if not 0 <= eps < math.inf:
-        raise ValueError(f"eps={eps!r}: must be >= 0 and finite")
+    for name, value in zip(("ct_pos", "n_pos", "ct_neg", "n_neg"),
+                           (ct_pos, n_pos, ct_neg, n_neg)):
+        if np.ndim(value):
+            raise ValueError(f"{name}={value!r}: must be one count (a scalar)")
+    counts = _check_counts(ct_pos, n_pos, ct_neg, n_neg)
+    _check_delta(delta)
+    k = _check_k(k)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps={eps!r}: must be a number >= 0 and finite")
+    eps_lb = lambda a: eps_lb_clopper_pearson(*counts, a, delta, k)  # noqa: E731
     hi, lo = 1.0 - 1e-12, 1e-15
     if eps_lb(hi) <= eps:
         return 1.0
