@@ -16,23 +16,10 @@ import argparse
 from functools import partial
 
 import numpy as np
-from scipy.special import logsumexp
 
 from dpaudit import accounting, bounds
+from dpaudit.experiments.runs_needed import shuffle_pair_llr as pair_llr
 from dpaudit.shuffle_accounting import shuffle_eps_lower
-
-
-def pair_llr(rng, runs: int, steps: int, epochs: int, sigma: float, inside: bool):
-    """The exact log likelihood ratio of Chua et al.'s pair (dynamic shuffling), per run:
-    each epoch S noisy batch sums shifted by B, 2 at the canary's step (1 for its empty
-    slot), 0 elsewhere."""
-    total = np.zeros(runs)
-    for _ in range(epochs):
-        w = rng.standard_normal((runs, steps)) * sigma
-        w[np.arange(runs), rng.integers(0, steps, runs)] += 2.0 if inside else 1.0
-        total += (logsumexp((4 * w - 4) / (2 * sigma ** 2), 1)
-                  - logsumexp((2 * w - 1) / (2 * sigma ** 2), 1))
-    return total
 
 
 def main() -> None:

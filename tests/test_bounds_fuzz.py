@@ -171,6 +171,7 @@ VALID = {
     "scores_array": dict(scores=[0.5, 1.0]),
     "eps_lb_paper_rule": dict(scores_pos=BY_K), "eps_lb_resplits": dict(scores_pos=BY_K),
     "paper_rule_bootstrap": dict(scores_pos=BY_K),
+    "claim_p_value": dict(ct_pos=9, ct_neg=1),
 }
 #: Bad only in relation to the other (valid) arguments: still the named argument's fault.
 EXTRA = {

@@ -127,6 +127,8 @@ USAGE = [
      "'sigma': 2.0}; give each level once"),
     (["data", "--dataset", "cifar", "--data", "DATA", "--out", "^d.csv"],
      "@bad_tar: not a readable tarball"),
+    (["runs-needed", "--eps", "2", "--delta", "1e-5", "--factor", "0.5"],
+     "runs-needed: config error: factor=0.5: out of range"),
 ]
 
 

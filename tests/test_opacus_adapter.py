@@ -528,3 +528,12 @@ def test_example_without_opacus_ends_in_one_line_saying_how_to_install_it(tmp_pa
         "audit.py: error: dpaudit.adapters.opacus needs Opacus (>= 1.5), which is not "
         "installed: " + INSTALL)
     assert 'pip install -e ".[opacus]"' in INSTALL
+
+
+def test_the_whitebox_relation_is_the_loaders_insertion():
+    """The shuffled loader's canary takes a slot of the same batches (zero-out); Poisson
+    sampling adds it at rate q (add/remove): the audit row's ``relation`` says which."""
+    from dpaudit.subjects import canary_relation
+
+    assert canary_relation(_trainer(poisson_sampling=False)) == "zero-out"
+    assert canary_relation(_trainer(poisson_sampling=True)) == "add/remove"

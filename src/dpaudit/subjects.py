@@ -278,10 +278,15 @@ def train_columns(fns: Sequence[TrainFn], X: torch.Tensor, y: torch.Tensor,
 
 
 def canary_relation(fn: TrainFn) -> str:
-    """The neighbouring relation of a white-box audit of ``fn``: "zero-out" for the shuffled
-    subjects (their gradient canary takes a slot of the same batches, or is absent: the
-    data set keeps its size), "add/remove" for every other function (the canary added at
-    the data's rate, or absent)."""
+    """The neighbouring relation of a white-box audit of ``fn``: its own
+    ``canary_relation`` attribute where it has one (an adapter whose insertion depends on
+    its settings, e.g. :class:`dpaudit.adapters.opacus.OpacusTrainer`); "zero-out" for the
+    shuffled subjects (their gradient canary takes a slot of the same batches, or is
+    absent: the data set keeps its size); "add/remove" for every other function (the
+    canary added at the data's rate, or absent)."""
+    own = getattr(fn, "canary_relation", None)
+    if isinstance(own, str):
+        return own
     return "zero-out" if fn in _SAMPLING else "add/remove"
 
 

@@ -347,6 +347,13 @@ class OpacusTrainer:
             return require_opacus().data_loader.DPDataLoader(data, sample_rate=self.q)
         return torch.utils.data.DataLoader(data, batch_size=self.batch_size, shuffle=True)
 
+    @property
+    def canary_relation(self) -> str:
+        """The white-box audit's relation (:func:`dpaudit.subjects.canary_relation`): with
+        the shuffled loader the canary takes a slot of the same batches or is absent
+        (zero-out), with Poisson sampling it is added at rate q or absent (add/remove)."""
+        return "add/remove" if self.poisson_sampling else "zero-out"
+
     def _scoring(self, canaries: dpsgd.GradientCanaries, rows: int) -> dict:
         """:class:`dpaudit.dpsgd.CanaryScores`' keywords but the step size, for white-box
         runs on ``rows`` rows: the canary inserted as the loader treats an example (with the

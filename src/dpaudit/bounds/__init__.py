@@ -59,7 +59,7 @@ The keys every module of the package cites.
 from __future__ import annotations
 
 from ._checks import scores_array
-from .counts import (clopper_pearson, eps_from_rate_bounds, eps_lb_bayes,
+from .counts import (claim_p_value, clopper_pearson, eps_from_rate_bounds, eps_lb_bayes,
                      eps_lb_clopper_pearson, eps_lb_katz, perfect_eps_lb, runs_to_exceed)
 from .fdp import eps_lb_one_run_fdp, mu_lb_one_run_gdp
 from .gdp import delta_from_mu, eps_from_mu, eps_gdp_estimate, mu_lb_gdp
@@ -78,6 +78,7 @@ from .thresholds import (TIES, Bound as Bound, ThresholdAudit, choose_threshold,
 
 __all__ = [
     "clopper_pearson",
+    "claim_p_value",
     "eps_lb_clopper_pearson",
     "perfect_eps_lb",
     "runs_to_exceed",

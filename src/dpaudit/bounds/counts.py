@@ -102,6 +102,37 @@ def eps_lb_clopper_pearson(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.01,
     return _scalar_or_array(eps_from_rate_bounds(p1_lo, p0_hi, delta, k))
 
 
+def claim_p_value(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, eps: float,
+                  delta: float = 0.0, k: int = 1) -> float:
+    """The smallest ``alpha`` at which :func:`eps_lb_clopper_pearson` of these counts
+    exceeds ``eps``: the p-value of the claim ``(eps, delta)`` under this test, so
+    ``1 - p`` is the largest confidence at which the counts refute it. 1.0 where no level
+    does; 1e-15 where even that one does (the FPR's upper bound is taken at
+    ``1 - alpha / 2``, which is 1 in double precision below about 2e-16). eps_LB grows
+    with alpha, so the level is found by bisection on ``log alpha`` (to 1e-9 relative);
+    the returned level refutes."""
+    for name, value in zip(("ct_pos", "n_pos", "ct_neg", "n_neg"),
+                           (ct_pos, n_pos, ct_neg, n_neg)):
+        if np.ndim(value):
+            raise ValueError(f"{name}={value!r}: must be one count (a scalar)")
+    counts = _check_counts(ct_pos, n_pos, ct_neg, n_neg)
+    _check_delta(delta)
+    k = _check_k(k)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps={eps!r}: must be a number >= 0 and finite")
+    eps_lb = lambda a: eps_lb_clopper_pearson(*counts, a, delta, k)  # noqa: E731
+    hi, lo = 1.0 - 1e-12, 1e-15
+    if eps_lb(hi) <= eps:
+        return 1.0
+    if eps_lb(lo) > eps:
+        return lo
+    lo, hi = math.log(lo), math.log(hi)  # eps_lb(e^lo) <= eps < eps_lb(e^hi)
+    while hi - lo > 1e-9 * abs(hi) + 1e-12:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if eps_lb(math.exp(mid)) > eps else (mid, hi)
+    return math.exp(hi)
+
+
 def eps_from_rate_bounds(tpr_lo, fpr_hi, delta: float = 0.0, k: int = 1) -> np.ndarray:
     """The eps refuted by a lower bound ``tpr_lo`` on the TPR and an upper bound ``fpr_hi`` on
     the FPR (the event "in" and its complement "out"; :func:`eps_lb_clopper_pearson`): a

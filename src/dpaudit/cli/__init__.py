@@ -23,7 +23,8 @@ from ..io import BadInputFile, DataNotFound, unwritable
 #: Subcommand modules, in help order: first the one users run themselves (audit-impl),
 #: then the pipeline's steps, which the workflow's rules run, then the checks users run.
 COMMANDS = ("tramer", "data", "hw3", "accounting", "ridge", "jagielski", "trials_needed",
-            "onerun", "abadi", "report", "tight", "shuffle", "opacus_check")
+            "onerun", "abadi", "report", "tight", "shuffle", "opacus_check",
+            "runs_needed")
 DESCRIPTION = ("dpaudit: audit-impl audits your own DP training function "
                "(docs/audit_your_implementation.md); the other commands are the steps of the "
                "Snakemake pipeline, which its rules run. `dpaudit COMMAND --help` says more.")
@@ -172,7 +173,7 @@ COMMAND_MODULES = {
     "abadi-plot": "abadi", "md-html": "report",
     "tight-whitebox-audit": "tight", "tight-blackbox-audit": "tight", "tight-table": "tight",
     "tight-plot": "tight", "shuffle-audit": "shuffle", "shuffle-plot": "shuffle",
-    "opacus-check": "opacus_check",
+    "opacus-check": "opacus_check", "runs-needed": "runs_needed",
 }
 
 

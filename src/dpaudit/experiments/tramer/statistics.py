@@ -41,6 +41,23 @@ def audit_counts(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, claimed_eps: 
             "verdict": verdict(eps_lb, claimed_eps)}
 
 
+#: How audit-impl breaks ties between equally good validation thresholds: the largest
+#: TPR - FPR (e.g. among the all-zero bounds of a correct implementation).
+TIES = "youden"
+
+
+def attack_bound(delta: float) -> bounds.Bound:
+    """The bound audit-impl chooses its threshold by and certifies with: Clopper-Pearson
+    eps_LB at ``delta``."""
+    return partial(bounds.eps_lb_clopper_pearson, delta=delta)
+
+
+def choose_threshold(val_in, val_out, delta: float, alpha: float = ALPHA) -> float:
+    """The threshold :func:`audit_scores` chooses on the validation scores (higher = with
+    the canary): "in" iff an evaluation score exceeds it."""
+    return bounds.choose_threshold(val_in, val_out, attack_bound(delta), alpha, TIES).threshold
+
+
 def audit_scores(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: float,
                  alpha: float = ALPHA, profile: ClaimedProfile | None = None) -> dict:
     """The attack "in iff score > tau" (higher = with the canary): tau chosen on the
@@ -60,9 +77,8 @@ def audit_scores(val_in, val_out, eval_in, eval_out, claimed_eps: float, delta: 
     """
     scores_in, scores_out = np.asarray(eval_in, float), np.asarray(eval_out, float)
     val_in, val_out = np.asarray(val_in, float), np.asarray(val_out, float)
-    res = bounds.threshold_holdout_audit(
-        val_in, val_out, scores_in, scores_out,
-        partial(bounds.eps_lb_clopper_pearson, delta=delta), alpha, ties="youden")
+    res = bounds.threshold_holdout_audit(val_in, val_out, scores_in, scores_out,
+                                         attack_bound(delta), alpha, ties=TIES)
     row = {"tpr": res.ct_pos / res.n_pos, "fpr": res.ct_neg / res.n_neg,
            "threshold": res.threshold, "ct_pos": res.ct_pos, "ct_neg": res.ct_neg,
            "tpr_at_fpr_0_1pct": bounds.tpr_at_fpr(scores_in, scores_out, 0.001),
