@@ -26,18 +26,63 @@ def test_philox4x32_10_known_answers(counter, key, want):
     assert [int(w) for w in words] == list(want)
 
 
+@pytest.mark.parametrize("bulk", [False, True])
 @pytest.mark.parametrize("seed", [0, 7, 2 ** 32 + 5, 0x1234567890ABCDEF, 2 ** 64 - 1])
-def test_words_equal_randomgens_philox(seed):
+def test_words_equal_randomgens_philox(seed, bulk, monkeypatch):
     """Value i of (seed, stream, step) is word i % 4 of block (i // 4, step, stream, 0)
     under key (low, high 32 bits of the seed): randomgen's Philox(number=4, width=32),
-    which increments its counter before each block, from counter (block - 1)."""
+    which increments its counter before each block, from counter (block - 1). Both CPU
+    paths: the torch operations' and the bulk draw's (randomgen's generator, its state set
+    per run and step)."""
     randomgen = pytest.importorskip("randomgen")
-    for stream, step in ((philox.NOISE, 0), (philox.BATCH, 12345), (philox.CANARY, 2 ** 32 - 1)):
+    monkeypatch.setattr(philox, "CPU_BULK_BLOCKS", 0 if bulk else 2 ** 40)
+    for stream, step in ((philox.NOISE, 0), (philox.BATCH, 12345), (philox.CANARY, 2 ** 32 - 1),
+                         (philox.INIT, 0)):  # the last: block -1 borrows through all 128 bits
         got = philox.draw("words", philox.keys([seed], "cpu"), stream, step, 4 * 50 + 3)[0]
         start = (step << 32) + (stream << 64)
         bg = randomgen.Philox(key=seed, counter=(start - 1) % 2 ** 128, number=4, width=32)
         want = bg.random_raw(4 * 51)[:4 * 50 + 3].astype(np.int64)
         np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_the_bulk_cpu_draw_gives_random123s_known_answer(monkeypatch):
+    """Counter (0, 0, 0, 0) under key (0, 0) is block 0 of step 0, stream 0 of seed 0."""
+    monkeypatch.setattr(philox, "CPU_BULK_BLOCKS", 0)
+    got = philox.draw("words", philox.keys([0], "cpu"), philox.INIT, 0, 4)[0]
+    assert got.tolist() == list(KAT[0][2])
+
+
+def test_the_cpu_draws_are_the_same_bits_from_randomgen_and_from_torch(monkeypatch):
+    """Every kind, from the bulk path (randomgen's C words) and from the torch operations:
+    the same bits, normals included (the same float64 kernels on contiguous temporaries);
+    several runs and steps, odd sizes, edge steps and keys, and the size rule's threshold."""
+    seeds = [0, 1, 2 ** 32 - 1, 2 ** 32, 2 ** 64 - 1, 0x9E3779B97F4A7C15]
+    key = philox.keys(seeds, "cpu")
+    cases = [(philox.NOISE, 0, 1), (philox.NOISE, 2 ** 32 - 1, 4 * 257 - 3),
+             (philox.INIT, 0, 4 * 300 + 2), (philox.CANARY, torch.tensor([0, 1, 2 ** 32 - 1]), 777),
+             (philox.PERMUTATION, 5, 2 * 4 * 256 + 1), (philox.BATCH, torch.tensor([9]), 10 ** 4 + 1)]
+    for stream, steps, count in cases:
+        for kind in philox.KINDS:
+            got = {}
+            for bulk in (False, True):
+                monkeypatch.setattr(philox, "CPU_BULK_BLOCKS", 0 if bulk else 2 ** 40)
+                got[bulk] = philox.draw(kind, key, stream, steps, count, 0.3)
+            assert got[True].dtype == got[False].dtype and got[True].shape == got[False].shape
+            assert torch.equal(got[True], got[False]), (kind, stream, steps, count)
+    # the size rule: below CPU_BULK_BLOCKS blocks the torch operations, from it on
+    # randomgen, the same bits on both sides of it (and many normals: 1.6 M)
+    monkeypatch.undo()
+    bulk, real = [], philox._cpu_words
+    monkeypatch.setattr(philox, "_cpu_words", lambda *a: bulk.append(a[-1]) or real(*a))
+    n = 4 * philox.CPU_BULK_BLOCKS
+    small, large = (philox.draw("normal", philox.keys(range(64), "cpu"), philox.NOISE, 3, c)
+                    for c in (n - 4, 25186))
+    monkeypatch.setattr(philox, "CPU_BULK_BLOCKS", 2 ** 40)
+    assert torch.equal(small, philox.draw("normal", philox.keys(range(64), "cpu"),
+                                          philox.NOISE, 3, n - 4))
+    assert torch.equal(large, philox.draw("normal", philox.keys(range(64), "cpu"),
+                                          philox.NOISE, 3, 25186))
+    assert bulk == [-(-25186 // 4)]  # the small draw was the torch operations'
 
 
 def test_a_runs_draws_do_not_depend_on_the_others_or_on_how_steps_are_grouped():

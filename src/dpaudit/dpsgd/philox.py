@@ -24,12 +24,21 @@ Distributions (``w`` a 32-bit word, uniform on {0, ..., 2^32 - 1}):
 - sort keys: two words as one 63-bit integer (permutations by argsort: a tie, which
   would keep two examples in index order, has probability about n^2 2^-64).
 
-On a GPU the words and the normals are one fused kernel each (``torch.compile``): done as
-separate tensor operations, the ten rounds' passes over the counters would move more bytes
-than the model's own step. On the CPU the same code runs eagerly (in place, about 16 ns
-per normal): compiling costs seconds per process, which most CPU calls would not win
-back. Both give the same words, and normals equal to float rounding (the transform is
-computed in float64 and rounded to float32, so they are nearly always the same bits).
+What runs where. On a GPU the words and the normals are one fused kernel each
+(``torch.compile``): done as separate tensor operations, the ten rounds' passes over the
+counters would move more bytes than the model's own step. On the CPU, a draw of at least
+:data:`CPU_BULK_BLOCKS` counter blocks per run and step (the trainer's noise and batches)
+takes its words from randomgen's Philox-4x32-10 in C (one generator, its key and counter set
+per run and step: its counter is incremented before each block, so it is set to the block
+before (0, step, stream, 0)), several times cheaper than the rounds as int64 tensor
+operations; a smaller draw keeps the tensor operations, whose cost is a fixed number of
+calls for all runs where randomgen's is a state change per run and step. Compiling on the
+CPU is not used: it costs seconds per process and needs a C++ compiler, and its float64
+transcendentals need not be torch's eager kernels bit for bit. The Box-Muller transform is
+the same torch float64 operations on every CPU path, so the CPU's words and normals are
+the same bits whichever path drew them (tested); a GPU's words are these bits too, its
+normals equal to float rounding (the transform is computed in float64 and rounded to
+float32, so they are nearly always the same bits).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import math
 import threading
 from typing import Sequence
 
+import numpy as np
 import torch
 
 # Philox-4x32 multipliers and Weyl key increments (Salmon et al. 2011, Random123).
@@ -45,6 +55,9 @@ M0, M1 = 0xD2511F53, 0xCD9E8D57
 W0, W1 = 0x9E3779B9, 0xBB67AE85
 ROUNDS = 10
 _MASK = 0xFFFFFFFF
+#: Counter blocks per run and step from which the CPU's draws are randomgen's (module
+#: docstring); smaller draws are the torch operations'.
+CPU_BULK_BLOCKS = 256
 
 #: Streams of a run (the counter's third word): what each draw is for (batches: Poisson
 #: masks by step, shuffle permutations by epoch). A new stream leaves every other draw
@@ -101,18 +114,48 @@ def _words(k0, k1, c1, c2, blocks: int):
 
 
 def _normals(k0, k1, c1, c2, blocks: int):
-    """Box-Muller normals of the words of :func:`_words`, (K, S, 4 * blocks) float32: the
-    transform in float64, so that a device's own float64 rounding rarely shows in the
-    float32 result; the pairs are words (0, 1) and (2, 3) of each block."""
+    """Box-Muller normals of the words of :func:`_words`, (K, S, 4 * blocks) float32."""
     c0 = torch.arange(blocks, dtype=torch.int64, device=k0.device)
     w = philox4x32(c0, c1, c2, torch.zeros_like(c2), k0, k1)
-    out = torch.empty(*w[0].shape, 4, dtype=torch.float32, device=k0.device)
-    for j, (a, b) in enumerate(((w[0], w[1]), (w[2], w[3]))):
-        r = a.double().add_(1).mul_(2.0 ** -32).log_().mul_(-2).sqrt_()
-        theta = b.double().mul_(2 * math.pi * 2.0 ** -32)
-        torch.mul(r, torch.cos(theta), out=out[..., 2 * j])
-        torch.mul(r, theta.sin_(), out=out[..., 2 * j + 1])
-    return out.flatten(-2)
+    return _box_muller(torch.stack((w[0], w[2]), -1), torch.stack((w[1], w[3]), -1))
+
+
+def _box_muller(a, b):
+    """The normals (..., 4 * blocks) float32 of each block's word pairs (0, 1) and (2, 3):
+    ``a`` the pairs' first words, ``b`` their second, (..., blocks, 2) int64 each. The
+    transform is in float64, so that a device's own float64 rounding rarely shows in the
+    float32 result; its float64 temporaries are contiguous whatever the words' strides
+    (the same kernels on every CPU path: the CPU's normals are the same bits)."""
+    r = a.double().add_(1).mul_(2.0 ** -32).log_().mul_(-2).sqrt_()
+    theta = b.double().mul_(2 * math.pi * 2.0 ** -32)
+    out = torch.empty(*r.shape, 2, dtype=torch.float32, device=r.device)
+    torch.mul(r, torch.cos(theta), out=out[..., 0])
+    torch.mul(r, theta.sin_(), out=out[..., 1])
+    return out.flatten(-3)
+
+
+def _cpu_words(key: torch.Tensor, steps: list[int], stream: int, blocks: int) -> torch.Tensor:
+    """The words of :func:`_words` on the CPU, (K, S, 4 * blocks) int64, from randomgen's
+    Philox-4x32-10 in C: one generator whose state (key; counter) is set to each run's key
+    and to the counter block before (0, step, stream, 0), as its counter is incremented
+    before each block."""
+    from randomgen import Philox
+
+    bg = Philox(key=0, number=4, width=32)
+    state = bg.state
+    state.update(buffer_pos=4, has_uint32=0)  # the buffer spent: the next word opens a block
+    out = np.empty((len(key), len(steps), 4 * blocks), dtype=np.uint64)
+    counters = []
+    for t in steps:
+        c = ((stream << 64) | (t << 32)) - 1 & (1 << 128) - 1
+        counters.append(np.array([c >> s & _MASK for s in (0, 32, 64, 96)], dtype=np.uint32))
+    for k, (k0, k1) in enumerate(key.tolist()):
+        run_key = np.array([k0, k1], dtype=np.uint32)
+        for s, counter in enumerate(counters):
+            state["state"] = {"counter": counter, "key": run_key}
+            bg.state = state
+            out[k, s] = bg.random_raw(4 * blocks)
+    return torch.from_numpy(out.view(np.int64))
 
 
 _FUSED: dict = {}
@@ -183,8 +226,14 @@ def draw(kind: str, key: torch.Tensor, stream: int, steps, count: int, param: fl
     k0, k1 = key[:, 0].view(-1, 1, 1), key[:, 1].view(-1, 1, 1)
     per_value = 2 if kind == "sort_keys" else 1
     blocks = -(-count * per_value // 4)
-    fn = _normals if kind == "normal" else _words
-    out = (_fused(fn) if fused else fn)(k0, k1, c1, c2, blocks)
+    if not fused and dev.type == "cpu" and blocks >= CPU_BULK_BLOCKS:
+        out = _cpu_words(key, c1.view(-1).tolist(), stream, blocks)
+        if kind == "normal":
+            pairs = out.view(*out.shape[:2], blocks, 2, 2)
+            out = _box_muller(pairs[..., 0], pairs[..., 1])
+    else:
+        fn = _normals if kind == "normal" else _words
+        out = (_fused(fn) if fused else fn)(k0, k1, c1, c2, blocks)
     if kind == "bernoulli":  # exact: a float64 times a power of two, then floor
         out = out < math.floor(param * 2 ** 32)
     elif kind == "uniform":
