@@ -272,14 +272,17 @@ def tiny_report(tiny_run, tmp_path_factory):
     """`--report report.zip` after :func:`tiny_run`, made once for the tests that read it:
     the finished process and the folder the zip is extracted into."""
     folder = tmp_path_factory.mktemp("tiny_report")
+    # The default profile names the stylesheet relative to the folder Snakemake starts in,
+    # which --directory leaves: name it whole.
     out = snakemake("--report", str(folder / "report.zip"), "--directory", str(tiny_run.dir),
-                    "--configfile", str(tiny_run.conf))
+                    "--configfile", str(tiny_run.conf), "--report-stylesheet", str(STYLESHEET))
     assert out.returncode == 0, out.stderr[-3000:]
     with zipfile.ZipFile(folder / "report.zip") as zf:
         zf.extractall(folder)
     return SimpleNamespace(out=out, dir=folder)
 
 
+STYLESHEET = Path(__file__).resolve().parents[1] / "workflow" / "report" / "report.css"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: The report's views, visited in the page as a reader's clicks set them (Snakemake's
 #: `app.setView`, what its menu items and figure buttons call): the front page, each
