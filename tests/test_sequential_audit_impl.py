@@ -1,7 +1,6 @@
 """`audit-impl --sequential`: the evaluation runs of every mode in rounds, stopped at the
 first certified violation (anytime-valid bounds), on the fixed audit's seeds."""
 
-import sys
 import time
 
 import pytest
@@ -11,9 +10,8 @@ from dpaudit.cli import main
 from dpaudit.experiments import tramer
 from dpaudit.io import read_table
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_tight_audit_impl import _audit  # noqa: E402  (its tiny DP-SGD setting)
-from test_tramer import _image_like  # noqa: E402
+from test_tight_audit_impl import _audit  # its tiny DP-SGD setting
+from test_tramer import _image_like
 
 MAX_RUNS = 60
 
