@@ -74,7 +74,8 @@ runs' scores), :mod:`.runs` (the calls of the training function, their limits an
 check; a user's function runs in a :class:`dpaudit.user_code.Worker`), :mod:`.recheck`
 (the checks after the runs, on seeds the function cannot predict, and the probes of what
 each mode passes), :mod:`.modes` (the tight modes), :mod:`.audit` (the ``audit-impl``
-procedure) and
+procedure), :mod:`.sequential` (the anytime-valid audit in rounds), :mod:`.rounds` (its
+evaluation runs in any mode: ``audit-impl --sequential``) and
 :mod:`.reaudit` (an audit table recomputed from its losses); this package re-exports their
 public names.
 """
