@@ -258,6 +258,11 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
               f"{row['usable_runs']} of {row['total_runs']} runs usable "
               f"({row['diverged_runs']} diverged, counted as out); {checked}; {accuracy}",
               file=sys.stderr)
+        if "looks" in row:
+            print(f"audit-impl: {target}: sequential: stopped ({row['stop_reason']}) at look "
+                  f"{row['looks']}, {row['runs_in']} + {row['runs_out']} evaluation runs "
+                  f"(in + out) of at most {plan['runs']} per side; bounds anytime-valid at "
+                  f"confidence 1 - {plan['alpha']:g}", file=sys.stderr)
         rows.append({"implementation": target, **row, "min_runs": plan["min_runs"],
                      "n_train": n_train})
         losses.append(loss.assign(implementation=target))
@@ -294,7 +299,9 @@ def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int,
             progress=lambda msg: print(f"audit-impl: {target}: {msg}", file=sys.stderr),
             seed_check=plan["seed_check"], max_diverged=plan["max_diverged"],
             mode=plan["mode"], refuse_at_chance=not own,
-            call_limit=plan["call_limit"] or None, mates=plan["mates"], **more)
+            call_limit=plan["call_limit"] or None, mates=plan["mates"],
+            schedule=None if not plan.get("sequential") else tramer.schedule_of(
+                plan["runs"], plan["budget"]), **more)
 
 
 def _interruptible(command: str, run) -> None:
@@ -307,16 +314,30 @@ def _interruptible(command: str, run) -> None:
         raise SystemExit(130) from None
 
 
+def _sequential(args) -> dict:
+    """``--sequential`` and ``--budget`` of audit-impl, checked."""
+    if args.budget is not None and not args.sequential:
+        raise SpecError(f"--budget={args.budget!r}: only with --sequential")
+    if args.sequential and args.store is not None:
+        raise SpecError("--store: not with --sequential (a sequential audit keeps no batches)")
+    budget = math.inf if args.budget is None else args.budget
+    if not budget > 0:  # nan fails too
+        raise SpecError(f"--budget={args.budget!r}: must be a number of seconds > 0")
+    return {"sequential": args.sequential, "budget": budget}
+
+
 def _audit_impl(args) -> None:
     try:
         classes = [int(c) for c in args.classes.split(",")]
     except ValueError:
         classes = []
+    sequential = _sequential(args)
     plan = _check(args.train, args.eps, args.delta, args.alpha, args.runs, args.val_runs,
                   args.n_train, args.batch_runs, classes, args.label, args.spec,
                   seed_check=args.seed_check, max_diverged=args.max_diverged, mode=args.mode,
                   n_aux=args.n_aux, call_limit=args.call_timeout, mates=args.mates)
     plan["threads"] = _positive_int(args.threads, "--threads")
+    plan.update(sequential)
     # The default mode's provenance is as before the tight modes (and batch mates): byte-
     # identical files; a time limit changes no number.
     tight = () if args.mode == "black-box" else ("mode", "n_aux")
@@ -325,7 +346,8 @@ def _audit_impl(args) -> None:
                            if k not in ("func", "call_timeout")
                            and (k not in ("mode", "n_aux") or k in tight)
                            and (k != "mates" or args.mates)
-                           and (k != "threads" or args.threads != 1)}}
+                           and (k != "threads" or args.threads != 1)
+                           and (k not in ("sequential", "budget") or args.sequential)}}
     _interruptible("audit-impl", lambda: _run(plan, args.canary, args.data_root,
                                               args.download, args.seed, args.out,
                                               args.losses, provenance, args.store))
@@ -477,6 +499,13 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="torch (and OpenMP) threads of the worker process that runs a "
                         "user's training function (default 1; docs/audit_your_implementation.md)")
+    p.add_argument("--sequential", action="store_true",
+                   help="train the evaluation runs in rounds and stop at the first certified "
+                        "violation, anytime-valid (confidence sequences); --runs is then the "
+                        "most evaluation runs per side (docs/audit_your_implementation.md)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="--sequential: no new round of evaluation runs after SECONDS of them "
+                        "(wall clock, after the validation runs; default: none)")
     p.set_defaults(func=_audit_impl)
 
     p = subparsers.add_parser(

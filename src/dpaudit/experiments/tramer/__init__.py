@@ -74,7 +74,8 @@ runs' scores), :mod:`.runs` (the calls of the training function, their limits an
 check; a user's function runs in a :class:`dpaudit.user_code.Worker`), :mod:`.recheck`
 (the checks after the runs, on seeds the function cannot predict, and the probes of what
 each mode passes), :mod:`.modes` (the tight modes), :mod:`.audit` (the ``audit-impl``
-procedure) and
+procedure), :mod:`.sequential` (the anytime-valid audit in rounds), :mod:`.rounds` (its
+evaluation runs in any mode: ``audit-impl --sequential``) and
 :mod:`.reaudit` (an audit table recomputed from its losses); this package re-exports their
 public names.
 """
@@ -90,8 +91,10 @@ from .modes import (INSERTION_ALPHA, MODE_KEYWORDS, MODES, RELATION, audit_white
 from .profile import PROFILE_GRID, ClaimedProfile, claimed_profile, profile_columns
 from .recheck import recheck_blackbox, recheck_whitebox
 from .reaudit import REAUDIT_COLUMNS, RUN_KEY, compare_retrained, reaudit
+from .rounds import schedule_of
 from .runs import (CALL_LIMIT, CONTRACT, SEED_CHECK, Unauditable, UserCodeFailed, check_options,
                    check_seeds, run_seeds, train_runs, trainer_digest, user_call)
+from .sequential import Schedule, sequential_audit
 from .statistics import (GROUPS, OWN_RUNS, accuracy_columns, audit_counts, audit_loss_table,
                          audit_losses, audit_scores)
 
@@ -104,4 +107,5 @@ __all__ = ["ALPHA", "VIOLATES", "VIOLATES_PROFILE", "NO_VIOLATION", "PROFILE_GRI
            "audit_loss_table", "max_eps_lb", "min_runs", "audit_implementation",
            "audit_whitebox", "reaudit", "compare_retrained", "CALL_LIMIT", "UserCodeFailed",
            "user_call", "whitebox_clip", "INSERTION_ALPHA", "check_insertions",
-           "recheck_blackbox", "recheck_whitebox", "whitebox_runs"]
+           "recheck_blackbox", "recheck_whitebox", "whitebox_runs", "Schedule",
+           "schedule_of", "sequential_audit"]

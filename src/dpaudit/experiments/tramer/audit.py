@@ -14,8 +14,10 @@ from .claim import ALPHA
 from .modes import _tight_columns, audit_whitebox, check_mode
 from .profile import ClaimedProfile
 from .recheck import recheck_blackbox
+from .rounds import evaluation_rounds, sequential_columns
 from .runs import (CALL_LIMIT, SEED_CHECK, Progress, Unauditable, _with_canary, check_options,
                    check_seeds, run_seeds, train_runs)
+from .sequential import Schedule
 from .statistics import GROUPS, OWN_RUNS, accuracy_columns, audit_loss_table
 
 
@@ -29,7 +31,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
                          mode: str = "black-box", init: dpsgd.Params | None = None,
                          refuse_at_chance: bool = True, profile: ClaimedProfile | None = None,
                          call_limit: float | None = CALL_LIMIT,
-                         mates: float = 0.0) -> tuple[dict, pd.DataFrame]:
+                         mates: float = 0.0,
+                         schedule: Schedule | None = None) -> tuple[dict, pd.DataFrame]:
     """Audit ``train_fn`` against its claimed (eps, delta) with ``canary``.
 
     ``val_runs`` runs per side choose the canary label (if not given: least likely under
@@ -77,6 +80,11 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
     own) or a function called in this process. Every call of it and of its predict may
     take ``call_limit`` seconds: one that fails or runs past it ends the audit
     (:class:`UserCodeFailed`, naming the call).
+
+    ``schedule`` (:func:`.rounds.schedule_of`, ``runs`` its most per side): the evaluation
+    runs in rounds, the audit :func:`.sequential.sequential_audit` (``store`` unsupported);
+    the row's bounds are its anytime-valid ones, with ``looks``, ``stop_reason``,
+    ``max_runs``, and the refusals and the re-check apply to the runs it trained.
     """
     if runs < 1 or val_runs < 1:
         raise ValueError("runs and val_runs must be >= 1")
@@ -89,10 +97,12 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
         raise ValueError(f"mates: only in mode 'white-box', not {mode!r}")
     if together and mode != "black-box":
         raise ValueError(f"together: only in mode 'black-box', not {mode!r}")
+    if schedule is not None and (store is not None or together):
+        raise ValueError("schedule: a sequential audit keeps no batches (store, together)")
     if mode == "white-box":
         return audit_whitebox(train_fn, X, y, claimed_eps, delta, runs, val_runs, spec, seed,
                               alpha, batch_runs, progress, store, key, seed_check,
-                              max_diverged, profile, call_limit, mates)
+                              max_diverged, profile, call_limit, mates, schedule)
     extra = None if init is None else {"init": init}
     label = canary.label
     if seed_check:  # before any run: a function that ignores its seeds fails in seconds
@@ -132,15 +142,21 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
 
     log = progress
     # Without the canary first: its validation runs choose the label (when not given).
-    out = run_trials([side("validation", False, val_runs), side("evaluation", False, runs)],
-                     train_score, batch_runs, log, store=store, key=keyed(key, False))
+    fixed = schedule is None  # else the evaluation runs come in rounds, after the validation
+    out = run_trials([side("validation", False, val_runs)] + fixed * [
+        side("evaluation", False, runs)], train_score, batch_runs, log, store=store,
+        key=keyed(key, False))
     if label is None:
         label = canaries.least_likely_label(
             np.stack(out[out.split == "validation"].log_prob.to_numpy()))
-    out = pd.concat([out, run_trials([side("validation", True, val_runs),
-                                      side("evaluation", True, runs)],
-                                     train_score, batch_runs, log, store=store,
-                                     key=keyed(key, True))], ignore_index=True)
+    out = pd.concat([out, run_trials([side("validation", True, val_runs)] + fixed * [
+        side("evaluation", True, runs)], train_score, batch_runs, log, store=store,
+        key=keyed(key, True))], ignore_index=True)
+    if not fixed:
+        seq, evaluation = evaluation_rounds(
+            side, train_score, lambda runs: np.array([lp[label] for lp in runs.log_prob]),
+            out, claimed_eps, delta, alpha, profile, schedule, batch_runs, log)
+        out = pd.concat([out, evaluation], ignore_index=True)
     if seed_check:  # on seeds drawn from all the runs' outputs; with init, its probe
         recheck_blackbox(lambda chunk, inside, more, named: train_runs(
             train_fn, X, y, canary.x, chunk, spec, label if inside else None, None, more,
@@ -165,7 +181,8 @@ def audit_implementation(train_fn, X: torch.Tensor, y: torch.Tensor, canary: Can
            "alpha": alpha, "canary": canary.kind, "canary_label": label, "seed": seed,
            "total_runs": len(losses), "usable_runs": len(losses) - diverged,
            "diverged_runs": diverged, "seed_check": seed_check,
-           **audit_loss_table(losses, claimed_eps, delta, alpha, profile)}
+           **(audit_loss_table(losses, claimed_eps, delta, alpha, profile) if fixed
+              else {"max_runs": runs, **sequential_columns(seq, losses=True)})}
     if mode != "black-box":
         from ..tight.blackbox import THREAT_MODEL
 

@@ -16,7 +16,9 @@ from ...trials import Side, run as run_trials
 from .claim import ALPHA
 from .profile import ClaimedProfile
 from .recheck import recheck_whitebox
+from .rounds import evaluation_rounds, sequential_columns
 from .runs import CALL_LIMIT, SEED_CHECK, Progress, Unauditable, check_options, run_seeds
+from .sequential import Schedule
 from .statistics import GROUPS, audit_scores
 
 
@@ -175,7 +177,8 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
                    seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
                    profile: ClaimedProfile | None = None,
                    call_limit: float | None = CALL_LIMIT,
-                   mates: float = 0.0) -> tuple[dict, pd.DataFrame]:
+                   mates: float = 0.0,
+                   schedule: Schedule | None = None) -> tuple[dict, pd.DataFrame]:
     """The white-box mode (module docstring): ``train_fn(X, y, seeds, spec,
     canaries=GradientCanaries(g, included, mates=mates))`` with one Dirac canary g of norm
     ``spec["clip"]`` (:func:`dpaudit.experiments.tight.whitebox.canary`, in the layout of the
@@ -190,7 +193,7 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
     the mates) and more than ``max_diverged`` runs
     with a non-finite score, and calls after which the canaries object passed does not
     record that the canary went in as its draws make likely (:func:`check_insertions`).
-    ``profile`` and ``call_limit``: as in :func:`audit_implementation`."""
+    ``profile``, ``call_limit`` and ``schedule``: as in :func:`audit_implementation`."""
     from ..tight.whitebox import METHODS, canary as dirac_canary
 
     if runs < 1 or val_runs < 1:
@@ -226,12 +229,20 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
                     run_seeds(seed, split, canary_in, n),
                     {"split": split, "canary_in": canary_in})
 
-    out = run_trials([side(sp, c, n) for sp, c in GROUPS
+    def train_score(s: Side, start: int, chunk: list[int]) -> dict:
+        return scores_of(chunk, s.columns["canary_in"],
+                         f"{s.name} {start}-{start + len(chunk) - 1}")
+
+    fixed = schedule is None  # else the evaluation runs come in rounds, after the validation
+    out = run_trials([side(sp, c, n) for sp, c in GROUPS if fixed or sp == "validation"
                       for n in [val_runs if sp == "validation" else runs]],
-                     lambda s, start, chunk: scores_of(
-                         chunk, s.columns["canary_in"],
-                         f"{s.name} {start}-{start + len(chunk) - 1}"),
-                     batch_runs, progress, store=store, key={**(key or {}), "mode": "white-box"})
+                     train_score, batch_runs, progress, store=store,
+                     key={**(key or {}), "mode": "white-box"})
+    if not fixed:
+        seq, evaluation = evaluation_rounds(
+            side, train_score, lambda runs: runs.score.to_numpy(float), out, claimed_eps,
+            delta, alpha, profile, schedule, batch_runs, progress)
+        out = pd.concat([out, evaluation], ignore_index=True)
     if seed_check:  # on seeds drawn from all the runs' scores, and probes of the canary
         recheck_whitebox(scores_of, out, seed, seed_check, mates)
     is_llr = bool(out.is_llr.all())
@@ -249,9 +260,10 @@ def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: floa
            "alpha": alpha, "canary": "dirac-gradient", "seed": seed,
            "total_runs": len(table), "usable_runs": len(table) - diverged,
            "diverged_runs": diverged, "seed_check": seed_check,
-           **audit_scores(groups[("validation", True)], groups[("validation", False)],
-                          groups[("evaluation", True)], groups[("evaluation", False)],
-                          claimed_eps, delta, alpha, profile),
+           **(audit_scores(groups[("validation", True)], groups[("validation", False)],
+                           groups[("evaluation", True)], groups[("evaluation", False)],
+                           claimed_eps, delta, alpha, profile) if fixed
+              else {"max_runs": runs, **sequential_columns(seq, losses=False)}),
            **_tight_columns("white-box", method, METHODS[method], claimed_eps,
                             subjects.canary_relation(user_code.function_of(train_fn))),
            **({"mates": float(mates)} if mates else {})}

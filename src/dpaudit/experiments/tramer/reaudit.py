@@ -31,6 +31,10 @@ def reaudit(table: pd.DataFrame, losses: pd.DataFrame, accuracy: pd.DataFrame | 
     recomputed where the table has it (its ``profile_sigma``, ``profile_q``,
     ``profile_steps``).
     """
+    if "looks" in table:  # fixed-n Clopper-Pearson does not hold after optional stopping
+        raise ValueError("table: a sequential audit's (audit-impl --sequential); its bounds "
+                         "are anytime-valid and a fixed audit's recomputed from its losses "
+                         "would not hold, so it is not re-audited")
     acc = losses if accuracy is None else accuracy
     if "test_acc" not in acc:
         raise ValueError("no test accuracy: neither the losses nor an accuracy table has a "
