@@ -225,16 +225,21 @@ def test_whatever_the_users_code_does_it_ends_in_one_line(audit, function, what)
         + f"{SEED_CHECK} {what}")
 
 
-def test_a_module_that_exits_on_import_is_one_line(audit, tmp_path, capsys):
-    """Checked before any training (the module imported to read its signature)."""
-    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
-    code = main(["audit-impl", "--train", "exits_on_import:train", "--eps", "1", "--delta",
+@pytest.mark.parametrize("name, exit_line, what", [
+    ("exits_on_import", "import sys\nsys.exit(0)\n", "called sys.exit(0)"),
+    ("os_exits_on_import", "import os\nos._exit(0)\n", "called os._exit(0)"),
+    ("posix_exits_on_import", "from posix import _exit\n_exit(0)\n", "called os._exit(0)")])
+def test_a_module_that_exits_on_import_is_one_line(audit, tmp_path, capsys, name, exit_line,
+                                                   what):
+    """Checked before any training (the module imported to read its signature): an exit
+    there, even os._exit, is one line, never the auditor's exit status 0."""
+    (tmp_path / f"{name}.py").write_text(exit_line)
+    code = main(["audit-impl", "--train", f"{name}:train", "--eps", "1", "--delta",
                  "1e-5", "--runs", "100", "--seed", "0", "--out", str(tmp_path / "o.csv")])
     err = capsys.readouterr().err
     assert code == 2 and not (tmp_path / "o.csv").exists(), err
-    assert err.strip() == ("dpaudit audit-impl: config error: --train "
-                           "'exits_on_import:train': importing module 'exits_on_import' "
-                           "called sys.exit(0)")
+    assert err.strip() == (f"dpaudit audit-impl: config error: --train "
+                           f"'{name}:train': importing module '{name}' {what}")
 
 
 def test_predict_changing_its_rows_is_named(audit):

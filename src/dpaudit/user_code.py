@@ -24,6 +24,7 @@ call: :func:`dpaudit.subjects.train_columns`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
@@ -79,6 +80,8 @@ def describe(exc: BaseException) -> tuple[str, str]:
     name = _safe(lambda: type(exc).__name__, "an exception")
     if isinstance(exc, SystemExit):
         what = f"called sys.exit({_safe(lambda: repr(exc.code), '?')})"
+    elif isinstance(exc, _ProcessExit):
+        what = str(exc)
     else:
         message = _safe(lambda: (str(exc).splitlines() or [""])[0],
                         "<its message could not be made: str() raised>")
@@ -119,6 +122,36 @@ def user_call(call: str, limit: float | None, fn, *args, **kwargs):
             signal.signal(signal.SIGALRM, previous)
 
 
+class _ProcessExit(BaseException):
+    """os._exit called by a module's top-level code while it is imported."""
+
+    def __init__(self, status):
+        super().__init__(status)
+        self.status = status
+
+    def __str__(self) -> str:
+        return f"called os._exit({self.status})"
+
+
+@contextlib.contextmanager
+def _no_process_exit():
+    """os._exit (and posix._exit) raise :class:`_ProcessExit` inside the block: the auditor
+    imports the user's module itself (to read its signature), and a module ending the
+    process there would end the audit with exit status 0 and no verdict."""
+    import posix
+
+    real = os._exit
+
+    def refuse(status=0):
+        raise _ProcessExit(status)
+
+    os._exit = posix._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit = posix._exit = real
+
+
 def import_target(target: str):
     """The callable ``"module.path:function"`` names (``function`` may be dotted: an
     attribute of an attribute); ValueError naming ``target`` where it cannot be imported
@@ -129,7 +162,8 @@ def import_target(target: str):
     if not sep or not module_name or not func_name:
         raise ValueError(f"--train {target!r}: must be 'module.path:function'")
     try:
-        module = importlib.import_module(module_name)
+        with _no_process_exit():
+            module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"--train {target!r}: cannot import module {module_name!r}: "
                          f"{exc}") from exc
