@@ -17,7 +17,7 @@ import numpy as np
 from scipy import integrate, optimize, special, stats
 
 from ._checks import (_broadcast, _check_counts, _check_delta, _check_k, _check_level,
-                      _check_rate_bounds, _scalar_or_array, _whole)
+                      _check_rate_bounds, _number, _scalar_or_array, _whole)
 
 
 def clopper_pearson(ct, n, alpha: float) -> tuple[np.ndarray, np.ndarray]:
@@ -147,7 +147,9 @@ def eps_from_rate_bounds(tpr_lo, fpr_hi, delta: float = 0.0, k: int = 1) -> np.n
 def perfect_eps_lb(runs: int, delta: float, alpha: float) -> float:
     """:func:`eps_lb_clopper_pearson` of a perfect attack (TPR = 1, FPR = 0) on ``runs``
     trials per side: the most any attack can certify with that many."""
-    return float(eps_lb_clopper_pearson(runs, runs, 0, runs, alpha, delta))
+    runs = _check_k(runs, "runs")
+    return float(eps_lb_clopper_pearson(runs, runs, 0, runs, _check_level("alpha", alpha),
+                                        _check_delta(delta)))
 
 
 def runs_to_exceed(eps: float, delta: float, alpha: float) -> int:
@@ -159,6 +161,9 @@ def runs_to_exceed(eps: float, delta: float, alpha: float) -> int:
     attack can certify more than ``eps`` at confidence ``1 - alpha`` (e.g. 40 for
     (0.21, 1e-5) at alpha = 1e-10).
     """
+    _number("eps", eps, "be a finite number >= 0", lambda x: 0.0 <= x < math.inf)
+    _check_delta(delta)
+    _check_level("alpha", alpha)
     hi = 1
     while perfect_eps_lb(hi, delta, alpha) <= eps:
         hi *= 2

@@ -36,7 +36,8 @@ USER_N_AUX = 500
 #: The registry names ``tramer.user.train`` may give instead of a module
 #: (:data:`dpaudit.subjects.SUBJECTS`, which imports torch; tests/test_integrity_config.py
 #: keeps the two equal).
-USER_REGISTRY = ("fixed", "buggy", "half-steps", "half-noise", "shuffle", "shuffle-once")
+USER_REGISTRY = ("fixed", "buggy", "half-steps", "half-noise", "shuffle", "shuffle-once",
+                 "easgm", "asgm")
 
 
 def problems(config: dict) -> list[str]:
