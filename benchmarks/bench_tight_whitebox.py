@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from dpaudit import dpsgd
+from dpaudit import dpsgd, trials
 from dpaudit.experiments.tight import whitebox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,7 +50,8 @@ def main() -> None:
     print(f"{source}: n={len(X)}, {cfg.steps(len(X))} steps, {args.threads} threads")
     for K in args.per_call:
         start = time.perf_counter()
-        whitebox.whitebox_scores(X, y, model, cfg, K // 2, 0, device="cpu", per_call=K)
+        whitebox.whitebox_scores(X, y, model, cfg, K // 2, 0,
+                                 execution=trials.Execution("cpu", K))
         rate = 2 * (K // 2) / (time.perf_counter() - start)
         print(f"K={K}: {rate:.2f} models/s ({args.epochs} epochs), projected "
               f"{rate * args.epochs / EPOCHS_FULL:.3f} models/s at {EPOCHS_FULL} epochs",

@@ -4,6 +4,9 @@ rule (profiles and cluster jobs: test_slurm.py; the report: test_workflow.py).""
 from __future__ import annotations
 
 import re
+import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import yaml
@@ -167,19 +170,162 @@ def test_start_up_imports_neither_torch_nor_the_accountants(tmp_path):
 
 def test_lazy_packages_give_each_public_name_from_its_module():
     """dpaudit.dpsgd and dpaudit.experiments.jagielski import their torch modules on first
-    use (dpaudit.lazy): every name of ``__all__`` is there, the object of its module; a
-    name that is not is an AttributeError, as from any module."""
+    use (dpaudit.lazy), serving the names of their ``TYPE_CHECKING`` imports (which static
+    tools read): every name of ``__all__`` is there, the object of its module; a name that
+    is not is an AttributeError, as from any module."""
     import importlib
 
-    from dpaudit import dpsgd
+    from dpaudit import dpsgd, lazy
     from dpaudit.experiments import jagielski
 
     for package in (dpsgd, jagielski):
+        where, submodules = lazy.type_checking_imports(
+            Path(package.__file__).read_text(), package.__name__)
+        assert set(where) <= set(package.__all__), package  # the rest imported eagerly:
+        assert {n for n in package.__all__ if n not in where} <= set(vars(package)), package
         for name in package.__all__:
             assert name in dir(package), name
-            if name in package._WHERE:
-                module = importlib.import_module(f"{package.__name__}.{package._WHERE[name]}")
+            if name in where:
+                module = importlib.import_module(f"{package.__name__}.{where[name]}")
                 assert getattr(package, name) is getattr(module, name), name
-    assert dpsgd.wide is importlib.import_module("dpaudit.dpsgd.wide")
+    assert dpsgd.philox is importlib.import_module("dpaudit.dpsgd.philox")
     with pytest.raises(AttributeError, match="module 'dpaudit.dpsgd' has no attribute 'nope'"):
         dpsgd.nope
+    with pytest.raises(ValueError, match="only `from .module import name` lines, not "
+                                         "'from .wide import logits as f'"):
+        lazy.type_checking_imports("if TYPE_CHECKING:\n    from .wide import logits as f\n",
+                                   "p")
+
+
+#: What a command line's parser, the workflow's grid and a model's shape never import.
+HEAVY = ("torch", "scipy", "statsmodels", "dp_accounting", "opacus")
+
+
+@contextmanager
+def fresh_dpaudit(refused=HEAVY):
+    """dpaudit imported anew in this process while the packages ``refused`` cannot be
+    (those loaded are hidden meanwhile); yields the names whose import was tried (also where
+    an ImportError would be caught). ``sys.modules`` is as before afterwards."""
+    tried = []
+
+    class Refuse:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in refused:
+                tried.append(name)
+                raise ImportError(f"{name} is refused here")
+
+    saved = dict(sys.modules)
+    for name in saved:
+        if name.split(".")[0] in ("dpaudit", *refused):
+            del sys.modules[name]
+    finder = Refuse()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield tried
+    finally:
+        sys.meta_path.remove(finder)
+        for name in set(sys.modules) - set(saved):
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def test_command_lines_parse_without_torch_or_scipy(capsys):
+    """Importing dpaudit.cli and building every subcommand's parser (what `dpaudit --help`
+    and each job of the workflow do first), or reading the jagielski grid and a model's
+    shape, imports neither torch nor scipy nor the accountants; each is seconds of every
+    job's start-up. The names served on first use still come, with their imports."""
+    import importlib
+
+    with fresh_dpaudit() as tried:
+        cli = importlib.import_module("dpaudit.cli")
+        assert len(cli.build_parser()._actions[-1].choices) >= 30
+        with pytest.raises(SystemExit):
+            cli.main(["tight-plot", "--help"])
+        jagielski = importlib.import_module("dpaudit.experiments.jagielski")
+        dpsgd = importlib.import_module("dpaudit.dpsgd")
+        assert jagielski.PAPER_TOL == 0.5 and dpsgd.ModelSpec.__name__ == "ModelSpec"
+        assert tried == []
+        with pytest.raises(ImportError):
+            jagielski.eps_label  # .paper: scipy.stats, refused here
+        assert tried[0].split(".")[0] == "scipy"
+    assert "--out" in capsys.readouterr().out
+    assert importlib.import_module("dpaudit.cli") is sys.modules["dpaudit.cli"] is not cli
+
+
+def test_the_schema_read_fast_is_the_schema():
+    """dpaudit.config reads the schema with libyaml's safe loader (every command line and
+    Snakemake's start-up read it): the same dict as the pure-Python safe loader's."""
+    from dpaudit import config
+
+    assert config.schema() == yaml.safe_load(config.SCHEMA_PATH.read_text())
+
+
+def test_dpaudit_help_starts_without_torch_or_scipy():
+    """`dpaudit --help`, the console script as installed, lists every subcommand and
+    imports none of :data:`HEAVY`."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c",
+                          "import sys; from dpaudit.cli import main; sys.argv[0] = 'dpaudit';"
+                          " main(['--help'])"], capture_output=True, text=True, timeout=120)
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0]
+                for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert out.returncode == 0 and "audit-impl" in out.stdout, out.stderr[-2000:]
+    assert "dpaudit" in imported and not imported & set(HEAVY), imported & set(HEAVY)
+
+
+#: A function longer than this many lines, or with more parameters than that, is split or
+#: given a parameter object (a frozen dataclass): a newcomer reads it whole.
+LONGEST, MOST_PARAMETERS = 80, 12
+#: The functions over either limit, as "module:function": (lines, parameters) now. The list
+#: only shrinks: one that grows, or a new one over a limit, fails; one that no longer
+#: exceeds its limits must leave it.
+OVER_LIMITS = {
+    "cli/tramer.py:_check": (94, 18),
+    "cli/tramer.py:_run": (115, 9),
+    "cli/tramer.py:register": (113, 1),
+    "dpsgd/training.py:_train": (90, 12),
+    "experiments/jagielski/training.py:run_group": (58, 13),
+    "experiments/ridge.py:audit_table": (28, 13),
+    "experiments/tight/blackbox.py:audit": (70, 13),
+    "experiments/tramer/audit.py:audit_implementation": (169, 26),
+    "experiments/tramer/modes.py:audit_whitebox": (98, 20),
+    "plots/onerun.py:plot_onerun": (98, 3),
+    "testing.py:assert_private": (57, 16),
+    "adapters/opacus.py:OpacusTrainer.__init__": (49, 13),
+}
+
+
+def _function_sizes() -> dict[str, tuple[int, int]]:
+    """{"module:function": (lines, parameters)} of every function under src/dpaudit
+    (methods as Class.method; ``self`` and ``cls`` not counted)."""
+    import ast
+
+    src = ROOT / "src" / "dpaudit"
+    sizes = {}
+    for path in sorted(src.rglob("*.py")):
+        def visit(node, prefix):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.ClassDef):
+                    visit(child, f"{prefix}{child.name}.")
+                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    a = child.args
+                    named = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+                    n = len(named) - bool(named[:1] in (["self"], ["cls"]) and prefix)
+                    n += bool(a.vararg) + bool(a.kwarg)
+                    name = f"{path.relative_to(src)}:{prefix}{child.name}"
+                    sizes[name] = (child.end_lineno - child.lineno + 1, n)
+                    visit(child, f"{prefix}{child.name}.")
+        visit(ast.parse(path.read_text()), "")
+    return sizes
+
+
+def test_functions_stay_short_with_few_parameters():
+    sizes = _function_sizes()
+    over = {name: size for name, size in sizes.items()
+            if size[0] > LONGEST or size[1] > MOST_PARAMETERS}
+    grown = {name: (size, OVER_LIMITS.get(name)) for name, size in over.items()
+             if name not in OVER_LIMITS or any(s > a for s, a in zip(size, OVER_LIMITS[name]))}
+    assert not grown, f"over {LONGEST} lines or {MOST_PARAMETERS} parameters: {grown}"
+    within = sorted(set(OVER_LIMITS) - set(over))
+    assert not within, f"within the limits now (or gone): drop them from OVER_LIMITS: {within}"

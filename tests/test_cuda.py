@@ -23,7 +23,7 @@ import torch
 from dpaudit import device as dev_mod
 from dpaudit import dpsgd as D
 from dpaudit import features
-from dpaudit.dpsgd.model import _tensors
+from dpaudit.dpsgd.model import layer_tensors
 from dpaudit.experiments import jagielski
 from test_jagielski import _task  # a toy task: 40 rows of 6 features
 
@@ -55,11 +55,11 @@ def test_wide_step_on_cuda_equals_each_column_alone(arch, sampling):
         assert got.W[0].device.type == "cuda"
         alone = D.train(X, y, model, cfg, seeds, init=init if cfg.init == "fixed" else None,
                         device="cuda")
-        for a, b in zip(_tensors(got), _tensors(alone)):
+        for a, b in zip(layer_tensors(got), layer_tensors(alone)):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # cuBLAS: other kernels
     again = D.train(X, y, model, cols, seeds, init=init, device="cuda")
     for p, q in zip(wide, again):  # the same call twice: the same models
-        for a, b in zip(_tensors(p), _tensors(q)):
+        for a, b in zip(layer_tensors(p), layer_tensors(q)):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -124,15 +124,17 @@ def test_a_group_is_bit_identical_whatever_the_calls_on_cuda(tmp_path, monkeypat
     base = dict(epochs=2, batch_size=10, lr=0.5)
     cfgs = {"a": D.DPSGDConfig(clip=1.0, noise_multiplier=0.5, **base),
             "b": D.DPSGDConfig(clip=2.0, noise_multiplier=0.0, init_scale=0.5, **base)}
-    kw = dict(ks=[1], trials=7, seed=2, name=("toy", "fnn"), device="cuda")
-    first = jagielski.run_group(task, "clipbkd", model, cfgs, block=7, per_call=7, **kw)
+    kw = dict(ks=[1], trials=7, seed=2, name=("toy", "fnn"))
+    first = jagielski.run_group(task, "clipbkd", model, cfgs, **kw,
+                                calls=jagielski.Calls(7, "cuda", 7))
     for block, per_call in ((7, 2), (3, 7), (3, 1)):
-        got = jagielski.run_group(task, "clipbkd", model, cfgs, block=block, per_call=per_call,
-                                  **kw)
+        got = jagielski.run_group(task, "clipbkd", model, cfgs, **kw,
+                                  calls=jagielski.Calls(block, "cuda", per_call))
         for c in cfgs:
             pd.testing.assert_frame_equal(got[c], first[c], check_exact=True)
     monkeypatch.undo()  # the data shared (40 rows, batches of 10): to float rounding
-    shared = jagielski.run_group(task, "clipbkd", model, cfgs, block=3, per_call=1, **kw)
+    shared = jagielski.run_group(task, "clipbkd", model, cfgs, **kw,
+                                 calls=jagielski.Calls(3, "cuda", 1))
     for c in cfgs:
         pd.testing.assert_frame_equal(shared[c], first[c], check_exact=False, rtol=1e-4)
 
@@ -151,16 +153,16 @@ def test_tf32_trains_close_to_fp32_reproducibly_and_restores_torch_setting():
         again = D.train(X, y, model, cfg, [1, 2, 3], device="cuda")
     after = mm.fp32_precision if hasattr(mm, "fp32_precision") else mm.allow_tf32
     assert after == before
-    for a, b, c in zip(_tensors(tf32), _tensors(again), _tensors(fp32)):
+    for a, b, c in zip(layer_tensors(tf32), layer_tensors(again), layer_tensors(fp32)):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c, rtol=0.05, atol=0.02)
-    assert not all(torch.equal(a, c) for a, c in zip(_tensors(tf32), _tensors(fp32)))
+    assert not all(torch.equal(a, c) for a, c in zip(layer_tensors(tf32), layer_tensors(fp32)))
     torch.set_float32_matmul_precision("high")  # TF32 allowed globally: fp32 stays exact
     try:
         exact = D.train(X, y, model, cfg, [1, 2, 3], device="cuda")
     finally:
         torch.set_float32_matmul_precision("highest")
-    assert all(torch.equal(a, b) for a, b in zip(_tensors(exact), _tensors(fp32)))
+    assert all(torch.equal(a, b) for a, b in zip(layer_tensors(exact), layer_tensors(fp32)))
 
 
 def test_dirac_canaries_and_a_canary_run_on_cuda():

@@ -11,7 +11,7 @@ from torch import nn
 from dpaudit import device
 from dpaudit import dpsgd as D
 from dpaudit.dpsgd import philox
-from dpaudit.dpsgd.model import _tensors
+from dpaudit.dpsgd.model import layer_tensors
 
 F64 = torch.float64
 
@@ -499,8 +499,8 @@ def test_flatten_is_the_noise_layout():
     assert flat.shape == (2, model.n_params)
     for k in range(2):
         assert torch.equal(flat[k], _flat(params, k))
-    views = D.model._noise_views(flat, params)
-    assert all(torch.equal(v, t) for v, t in zip(views, _tensors(params)))
+    views = D.model.noise_views(flat, params)
+    assert all(torch.equal(v, t) for v, t in zip(views, layer_tensors(params)))
     dirac = D.dirac_canaries(model, 7, 2.5, 0, device="cpu")
     assert dirac.shape == (7, model.n_params) and (dirac.count_nonzero(1) == 1).all()
     coords = dirac.nonzero()[:, 1]
@@ -643,7 +643,7 @@ def test_columns_are_the_models_each_config_trains_alone(arch, sampling):
         alone = D.train(X, y, model, cfg, seeds, init=init if cfg.init == "fixed" else None,
                         device="cpu")
         assert got.W[0].shape == (3, *model.shapes[0]) and got.W[0].is_contiguous()
-        for a, b in zip(_tensors(got), _tensors(alone)):
+        for a, b in zip(layer_tensors(got), layer_tensors(alone)):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
@@ -750,7 +750,7 @@ def test_tf32_clip_margin_keeps_every_examples_contribution_within_the_clip(mode
     y = torch.randint(0, 2, (n,), generator=g)
     model = D.ModelSpec("fnn", d, hidden=16)
     params = D.init_params(model, 2, [3, 4], scale=4.0, device="cpu")
-    wide = D.wide._Wide.of(params)
+    wide = D.wide.Wide.of(params)
     xb = X.expand(2, -1, -1)
     acts, z = D.wide._forward(wide, xb)
     onehot = torch.nn.functional.one_hot(y, 2).float().T.expand(2, -1, -1)
@@ -770,7 +770,7 @@ def test_tf32_clip_margin_keeps_every_examples_contribution_within_the_clip(mode
         return float(total.sqrt().max())
 
     with device.forced_gpu(_h100()), D.matmul_precision("tf32"):  # TF32's branch, on the CPU
-        margin = D.precision._clip_scale(cpu)
+        margin = D.precision.clip_scale(cpu)
     assert margin == (1 + 2.0 ** -10) ** -2
     assert largest(C * margin) <= C * (1 + 1e-6)  # float32 rounding of the norms only
     if mode == "nearest":
@@ -789,12 +789,12 @@ def test_matmul_precision_scope_margin_and_refusals():
     fp32 = D.train(X, y, model, cfg, [1, 2], device="cpu")
     with D.matmul_precision("tf32"):
         assert D.precision._PRECISION.get() == "tf32"
-        assert not D.precision._tf32(torch.device("cpu"))
+        assert not D.precision.uses_tf32(torch.device("cpu"))
         same = D.train(X, y, model, cfg, [1, 2], device="cpu")
     assert D.precision._PRECISION.get() == "fp32"
-    assert all(torch.equal(a, b) for a, b in zip(_tensors(fp32), _tensors(same)))
+    assert all(torch.equal(a, b) for a, b in zip(layer_tensors(fp32), layer_tensors(same)))
     with device.forced_gpu(_h100()), D.matmul_precision("tf32"):  # as on CUDA under TF32
-        assert D.precision._tf32(torch.device("cpu"))
+        assert D.precision.uses_tf32(torch.device("cpu"))
         tf32 = D.train(X, y, model, cfg, [1, 2], device="cuda")
         dirs = D.dirac_canaries(model, 2, cfg.clip, 0, device="cuda")
         with pytest.raises(ValueError, match=r"canaries: train with matmul_precision\('fp32'\)"):
@@ -805,7 +805,7 @@ def test_matmul_precision_scope_margin_and_refusals():
     with device.forced_gpu(_h100()):
         want = D.train_with_noise_std(X, y, model, lower, [1, 2],
                                       cfg.noise_multiplier * cfg.clip, device="cuda")
-    assert all(torch.equal(a, b) for a, b in zip(_tensors(tf32), _tensors(want)))
+    assert all(torch.equal(a, b) for a, b in zip(layer_tensors(tf32), layer_tensors(want)))
     assert not torch.equal(_flat(tf32, 0), _flat(fp32, 0))
 
 

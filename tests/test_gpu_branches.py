@@ -182,14 +182,14 @@ def test_deterministic_scope_and_the_tf32_setting_are_entered_under_a_forced_gpu
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = (torch.are_deterministic_algorithms_enabled(), _cuda_matmul_setting())
     cpu = torch.device("cpu")
-    with device.deterministic(cpu), D.precision._cuda_matmuls(cpu):
+    with device.deterministic(cpu), D.precision.cuda_matmuls(cpu):
         assert (torch.are_deterministic_algorithms_enabled(), _cuda_matmul_setting()) == before
     with device.forced_gpu(H100):
         with device.deterministic(cpu):
             assert torch.are_deterministic_algorithms_enabled()
             assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         for precision, want in (("tf32", "tf32"), ("fp32", "ieee")):
-            with D.matmul_precision(precision), D.precision._cuda_matmuls(cpu):
+            with D.matmul_precision(precision), D.precision.cuda_matmuls(cpu):
                 assert _cuda_matmul_setting() == want
     assert (torch.are_deterministic_algorithms_enabled(), _cuda_matmul_setting()) == before
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ

@@ -23,9 +23,10 @@ def _group(store, msgs=None):
     cfgs = {"a": dpsgd.DPSGDConfig(clip=1.0, noise_multiplier=0.5, **base),
             "b": dpsgd.DPSGDConfig(clip=2.0, noise_multiplier=0.0, **base)}
     return jagielski.run_group(task, "clipbkd", dpsgd.ModelSpec("lr", 6), cfgs, ks=[1],
-                               trials=8, seed=0, name=("toy", "lr"), device="cpu", block=8,
-                               store=store, key={"k": 1},
-                               log=None if msgs is None else msgs.append)
+                               trials=8, seed=0, name=("toy", "lr"),
+                               calls=jagielski.Calls(8, "cpu",
+                                                     log=None if msgs is None else msgs.append),
+                               store=jagielski.Store(store, {"k": 1}))
 
 
 def _summary(msgs):

@@ -118,20 +118,23 @@ def test_run_group_cells_are_what_each_cell_trains_alone_in_any_blocks(tmp_path)
     task = _task(np.random.default_rng(3))
     model = dpsgd.ModelSpec("fnn", 6, hidden=4)
     cfgs = _group_cfgs()
-    kw = dict(ks=[1, 2], trials=6, seed=0, name=("toy", "fnn"), device="cpu")
-    both = jagielski.run_group(task, "clipbkd", model, cfgs, block=4, **kw)
+    kw = dict(ks=[1, 2], trials=6, seed=0, name=("toy", "fnn"))
+    both = jagielski.run_group(task, "clipbkd", model, cfgs, **kw,
+                               calls=jagielski.Calls(block=4, device="cpu"))
     for c, cfg in cfgs.items():
-        alone = jagielski.run_group(task, "clipbkd", model, {c: cfg}, block=6, **kw)[c]
+        alone = jagielski.run_group(task, "clipbkd", model, {c: cfg}, **kw,
+                                    calls=jagielski.Calls(block=6, device="cpu"))[c]
         assert len(alone) == 3 * 6 and sorted(alone.side.unique()) == ["k1", "k2", "out"]
         assert list(alone.columns[:5]) == ["side", "label", "k", "trial", "seed"]
         assert (alone.groupby("side").trial.apply(list) == [list(range(6))] * 3).all()
         pd.testing.assert_frame_equal(both[c], alone, rtol=1e-5, atol=1e-6)
     msgs = []
     key = {"what": 1}
-    first = jagielski.run_group(task, "clipbkd", model, cfgs, block=4, store=tmp_path, key=key,
-                                log=msgs.append, **kw)
-    again = jagielski.run_group(task, "clipbkd", model, cfgs, block=4, store=tmp_path, key=key,
-                                log=msgs.append, **kw)
+    calls = jagielski.Calls(block=4, device="cpu", log=msgs.append)
+    first = jagielski.run_group(task, "clipbkd", model, cfgs, **kw, calls=calls,
+                                store=jagielski.Store(tmp_path, key))
+    again = jagielski.run_group(task, "clipbkd", model, cfgs, **kw, calls=calls,
+                                store=jagielski.Store(tmp_path, key))
     assert "0 models restored, 36 to train" in msgs[0] and "36 models restored, 0 to" in _summary(msgs)
     for c in cfgs:
         pd.testing.assert_frame_equal(first[c], again[c])
@@ -149,26 +152,28 @@ def test_run_group_trains_only_missing_blocks_and_cells(tmp_path):
     task = _task(np.random.default_rng(3))
     model = dpsgd.ModelSpec("lr", 6)
     cfgs = _group_cfgs()
-    kw = dict(ks=[1], trials=6, seed=0, name=("toy", "lr"), device="cpu", block=3,
-              store=tmp_path, key={"k": 1})
     msgs = []
-    full = jagielski.run_group(task, "mi", model, cfgs, **kw)
-    jagielski.run_group(task, "mi", model, {"a": cfgs["a"]}, **kw, log=msgs.append)
+    kw = dict(ks=[1], trials=6, seed=0, name=("toy", "lr"),
+              calls=jagielski.Calls(block=3, device="cpu", log=msgs.append))
+    store = jagielski.Store(tmp_path, {"k": 1})
+    full = jagielski.run_group(task, "mi", model, cfgs, **kw, store=store)
+    jagielski.run_group(task, "mi", model, {"a": cfgs["a"]}, **kw, store=store)
     assert "12 models restored, 0 to train" in _summary(msgs)  # 2 sides x 6 trials
     # a lost block (an interruption) and a new cell: the block's 3 trials x 3 cells, and
     # the new cell's 3 trials in each of the 3 other blocks
     (tmp_path / "in_000003-000006.csv").unlink()
     cfgs["c"] = dpsgd.DPSGDConfig(epochs=2, batch_size=10, lr=0.5, clip=0.5, noise_multiplier=2.0)
-    grown = jagielski.run_group(task, "mi", model, cfgs, **kw, log=msgs.append)
+    grown = jagielski.run_group(task, "mi", model, cfgs, **kw, store=store)
     assert "18 models restored, 18 to train" in _summary(msgs)
     for c in ("a", "b"):
         pd.testing.assert_frame_equal(grown[c], full[c])
     table, prov = read_table(tmp_path / "out_000000-000003.csv")
     assert sorted(prov["cells"]) == ["a", "b", "c"] and len(table) == 9
-    jagielski.run_group(task, "mi", model, cfgs, **{**kw, "key": {"k": 2}}, log=msgs.append)
+    jagielski.run_group(task, "mi", model, cfgs, **kw, store=jagielski.Store(tmp_path, {"k": 2}))
     assert "0 models restored, 36 to train" in _summary(msgs)
-    jagielski.run_group(task, "mi", model, cfgs, **{**kw, "key": {"k": 2}}, log=msgs.append,
-                        cell_keys={"a": {"noise": 9}, "b": {}, "c": {}})
+    jagielski.run_group(task, "mi", model, cfgs, **kw,
+                        store=jagielski.Store(tmp_path, {"k": 2},
+                                              {"a": {"noise": 9}, "b": {}, "c": {}}))
     assert "24 models restored, 12 to train" in _summary(msgs)
 
 
@@ -182,13 +187,14 @@ def test_run_group_is_bit_identical_whatever_the_calls_and_blocks(tmp_path, monk
     task = _task(np.random.default_rng(5))
     model = dpsgd.ModelSpec("fnn", 6, hidden=4)
     cfgs = _group_cfgs()
-    kw = dict(ks=[1], trials=7, seed=2, name=("toy", "fnn"), device="cpu", key={"k": 1})
+    kw = dict(ks=[1], trials=7, seed=2, name=("toy", "fnn"))
     first = None
     monkeypatch.setattr(dpsgd.sampling, "shares_data", lambda *args: False)  # gathered
     for block, per_call in ((7, None), (7, 2), (3, 7), (3, 5), (2, 1)):
         store = tmp_path / f"b{block}_k{per_call}"
-        got = jagielski.run_group(task, "clipbkd", model, cfgs, block=block, per_call=per_call,
-                                  store=store, **kw)
+        got = jagielski.run_group(task, "clipbkd", model, cfgs, **kw,
+                                  calls=jagielski.Calls(block, "cpu", per_call),
+                                  store=jagielski.Store(store, {"k": 1}))
         files = {f.name: f.read_bytes() for f in sorted(store.iterdir())}
         if first is None:
             first = got
@@ -202,23 +208,24 @@ def test_run_group_is_bit_identical_whatever_the_calls_and_blocks(tmp_path, monk
     real = dpsgd.train
     monkeypatch.setattr(dpsgd, "train", lambda X, y, m, c, seeds, **k: calls.append(
         len(seeds)) or real(X, y, m, c, seeds, **k))
-    jagielski.run_group(task, "clipbkd", model, cfgs, block=3, **kw)  # K = 32/2 columns = 16
+    three = jagielski.Calls(block=3, device="cpu")
+    jagielski.run_group(task, "clipbkd", model, cfgs, **kw, calls=three)  # K = 32/2 columns = 16
     assert calls == [7, 7]  # gathered: one call per side, all its blocks
     monkeypatch.undo()
     monkeypatch.setattr(dpsgd, "train", lambda X, y, m, c, seeds, **k: calls.append(
         len(seeds)) or real(X, y, m, c, seeds, **k))
     calls.clear()
     assert dpsgd.sampling.shares_data(model, cfgs["a"], 40, 2)  # 40 rows, batches of 10
-    shared = jagielski.run_group(task, "clipbkd", model, cfgs, block=3, **kw)
+    shared = jagielski.run_group(task, "clipbkd", model, cfgs, **kw, calls=three)
     assert calls == [3, 3, 1] * 2  # shared data: one call per block
     for c in cfgs:  # the same models, to float rounding (one product over the call's models)
         pd.testing.assert_frame_equal(shared[c], first[c], check_exact=False, rtol=1e-5)
     poisson = {c: dpsgd.DPSGDConfig(**{**vars(v), "sampling": "poisson"}) for c, v in cfgs.items()}
     calls.clear()
-    jagielski.run_group(task, "clipbkd", model, poisson, block=3, **kw)
+    jagielski.run_group(task, "clipbkd", model, poisson, **kw, calls=three)
     assert calls == [3, 3, 1] * 2  # one call per block
     with pytest.raises(ValueError, match="per_call=0: must be an integer >= 1"):
-        jagielski.run_group(task, "clipbkd", model, cfgs, per_call=0, **kw)
+        jagielski.Calls(per_call=0)
 
 
 def _summary(msgs):

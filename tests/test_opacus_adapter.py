@@ -169,15 +169,15 @@ def test_llr_is_dpaudit_trainer_llr_on_the_same_iterates():
 
 def _step_iterates(monkeypatch):
     """Every step's iterates (K, P) of dpaudit's trainer, as its canary hook sees them."""
-    from dpaudit.dpsgd.gradient_canaries import _CanaryHook
+    from dpaudit.dpsgd.gradient_canaries import CanaryHook
 
-    seen, observe = [], _CanaryHook.observe
+    seen, observe = [], CanaryHook.observe
 
     def spy(hook, params):
         seen.append(dpsgd.flatten(params).clone())
         observe(hook, params)
 
-    monkeypatch.setattr(_CanaryHook, "observe", spy)
+    monkeypatch.setattr(CanaryHook, "observe", spy)
     return seen
 
 

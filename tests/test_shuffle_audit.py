@@ -130,8 +130,8 @@ def test_shuffle_violation_certified_and_the_control_sound():
     assert lines["shuffle"][0] == pytest.approx(6.24, abs=0.05)
     rows = {}
     for subject, mates in (("shuffle", -1.0), ("fixed", -1.0), ("fixed", 0.0)):
-        got = shuffle.audit(X.numpy(), y.numpy(), setting, subject, mates, 8000, 7, 0.05,
-                            1e-5, lr=0.1, lines=lines, device="cpu", per_call=16000)
+        got = shuffle.audit(X.numpy(), y.numpy(), setting, subject, mates, 8000, 7,
+                            shuffle.Job(0.05, 1e-5, device="cpu", per_call=16000), lines)
         rows[subject, mates] = {r["method"]: r for r in got}
     violation = rows["shuffle", -1.0]["whitebox-llr"]
     assert violation["certified"] and violation["violation"]

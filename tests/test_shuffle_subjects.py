@@ -14,7 +14,7 @@ from scipy import stats
 from dpaudit import accounting, canaries, dpsgd as D, shuffle_accounting, subjects
 from dpaudit.cli import main
 from dpaudit.dpsgd import philox, sampling
-from dpaudit.dpsgd.gradient_canaries import _CanaryHook
+from dpaudit.dpsgd.gradient_canaries import CanaryHook
 from dpaudit.experiments import tramer
 from dpaudit.io import read_table
 
@@ -148,7 +148,7 @@ def _hook_run(how, K, noise_std, n=10, B=4, epochs=3, m=1):
     coords = torch.nonzero(dirs)[:, 1]
     params = D.init_params(model, K, 0, dtype=F64, device="cpu")
     key = philox.keys(list(range(10, 10 + K)), "cpu")
-    hook = _CanaryHook(D.GradientCanaries(dirs, torch.ones(K, m, dtype=torch.bool)), None,
+    hook = CanaryHook(D.GradientCanaries(dirs, torch.ones(K, m, dtype=torch.bool)), None,
                        key, params, "cpu", F64, step_size, noise_std, clip,
                        shuffle=(how, n, B))
     spe = -(-n // B)

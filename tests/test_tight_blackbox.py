@@ -11,7 +11,9 @@ import torch
 from dpaudit import bounds, dpsgd, seeds
 from dpaudit.experiments.jagielski import make_task
 from dpaudit.experiments.tight import blackbox as bb
+from dpaudit.trials import Execution
 
+CPU = Execution("cpu")
 MODEL = dpsgd.ModelSpec("lr", 20)
 #: Pre-training long enough that the tiny task's model is confident on its data.
 PRETRAIN = {"epochs": 100, "lr": 1.0}
@@ -34,7 +36,7 @@ TASK = _task()
 def audits():
     """The audit at three noise levels (sigma: rows)."""
     return {sigma: bb.audit(TASK, MODEL, bb.FullBatch(STEPS, LR, 1.0, sigma), RUNS, 0,
-                            pretrain=PRETRAIN, per_call=100, device="cpu")
+                            pretrain=PRETRAIN, execution=Execution("cpu", 100))
             for sigma in (1.0, 2.0, 4.0)}
 
 
@@ -105,7 +107,7 @@ def test_worst_case_init_audits_more_than_glorot(audits):
 
 def test_audit_is_deterministic():
     setting = bb.FullBatch(3, LR, 1.0, 1.0)
-    kw = dict(pretrain={"epochs": 3}, per_call=4, device="cpu")
+    kw = dict(pretrain={"epochs": 3}, execution=Execution("cpu", 4))
     drop = ("models_per_s", "pretrain_s")
     a, b = ([{k: v for k, v in r.items() if k not in drop}
              for r in bb.audit(TASK, MODEL, setting, 8, 3, **kw)] for _ in range(2))
@@ -128,12 +130,13 @@ def test_audit_is_deterministic():
 
 def test_kept_runs_are_restored_and_a_changed_init_retrains(tmp_path, monkeypatch, capsys):
     setting = bb.FullBatch(3, LR, 1.0, 1.0)
-    kw = dict(pretrain={"epochs": 3}, per_call=4, device="cpu")
+    kw = dict(pretrain={"epochs": 3})
     drop = ("models_per_s", "pretrain_s")
 
     def rows(**more):
         return [{k: v for k, v in r.items() if k not in drop}
-                for r in bb.audit(TASK, MODEL, setting, 8, 3, **kw, **more)]
+                for r in bb.audit(TASK, MODEL, setting, 8, 3, **kw,
+                                  execution=Execution("cpu", 4, **more))]
 
     fresh = rows()
     real, calls = bb.train_scores, []
@@ -145,7 +148,8 @@ def test_kept_runs_are_restored_and_a_changed_init_retrains(tmp_path, monkeypatc
     monkeypatch.setattr(bb, "train_scores", counted)
     assert rows(store=tmp_path) == fresh and calls == [4] * 4  # two calls a side, kept
     calls.clear()
-    got = bb.audit(TASK, MODEL, setting, 8, 3, **kw, store=tmp_path, log=print)
+    got = bb.audit(TASK, MODEL, setting, 8, 3, **kw,
+                   execution=Execution("cpu", 4, log=print, store=tmp_path))
     assert [{k: v for k, v in r.items() if k not in drop} for r in got] == fresh
     assert calls == [] and math.isnan(got[0]["models_per_s"])
     assert "16 models restored, 0 to train" in capsys.readouterr().out
@@ -158,13 +162,13 @@ def test_kept_runs_are_restored_and_a_changed_init_retrains(tmp_path, monkeypatc
 def test_bad_arguments_are_named():
     setting = bb.FullBatch(3, LR, 1.0, 1.0)
     with pytest.raises(ValueError, match="inits="):
-        bb.audit(TASK, MODEL, setting, 8, 0, inits=("fixed",), device="cpu")
+        bb.audit(TASK, MODEL, setting, 8, 0, inits=("fixed",), execution=CPU)
     with pytest.raises(ValueError, match="runs="):
-        bb.audit(TASK, MODEL, setting, 2, 0, device="cpu")
+        bb.audit(TASK, MODEL, setting, 2, 0, execution=CPU)
     with pytest.raises(ValueError, match="n="):
-        bb.audit(TASK, MODEL, setting, 8, 0, n=150, device="cpu")
+        bb.audit(TASK, MODEL, setting, 8, 0, n=150, execution=CPU)
     with pytest.raises(ValueError, match="canary kind="):
-        bb.audit(TASK, MODEL, setting, 8, 0, canary_kind="white", device="cpu")
+        bb.audit(TASK, MODEL, setting, 8, 0, canary_kind="white", execution=CPU)
     with pytest.raises(ValueError, match="pretrain: unknown keys"):
         bb.worst_case_init(TASK, MODEL, 0, pretrain={"epoch": 3}, device="cpu")
     with pytest.raises(ValueError, match="FullBatch.steps"):

@@ -9,6 +9,7 @@ from scipy import stats
 
 from dpaudit import accounting, dpsgd
 from dpaudit.experiments.tight import whitebox
+from dpaudit.trials import Execution
 
 ALPHA, DELTA = 0.05, 1e-5
 
@@ -35,8 +36,8 @@ def subsampled():
     out = {}
     for sigma in NOISES:
         cfg = dpsgd.DPSGDConfig(1, 10, 0.5, 1.0, sigma, "poisson")
-        out[sigma] = whitebox.audit(X, y, model, cfg, 500, 1, ALPHA, DELTA, device="cpu",
-                                    per_call=1000)
+        out[sigma] = whitebox.audit(X, y, model, cfg, 500, 1, ALPHA, DELTA,
+                                    execution=Execution("cpu", 1000))
     return out
 
 
@@ -77,7 +78,7 @@ def test_one_full_batch_step_is_the_gaussian_mechanism():
     mu = 1 / sigma
     cfg = dpsgd.DPSGDConfig(1, 40, 0.5, 1.0, sigma, "poisson")
     s = whitebox.whitebox_scores(X, y, dpsgd.ModelSpec("fnn", X.shape[1], 4), cfg, 1000, 2,
-                                 device="cpu", per_call=2000)
+                                 execution=Execution("cpu", 2000))
     pos, neg = s["in"]["llr"], s["out"]["llr"]
     assert stats.kstest(pos, stats.norm(mu ** 2 / 2, mu).cdf).pvalue > 0.01
     assert stats.kstest(neg, stats.norm(-mu ** 2 / 2, mu).cdf).pvalue > 0.01
@@ -94,14 +95,14 @@ def test_same_seed_same_rows():
     X, y = _data(60)
     model = dpsgd.ModelSpec("fnn", X.shape[1], 4)
     cfg = dpsgd.DPSGDConfig(2, 10, 0.5, 1.0, 2.0, "poisson")
-    a = whitebox.audit(X, y, model, cfg, 12, 7, ALPHA, DELTA, device="cpu", per_call=24)
-    b = whitebox.audit(X, y, model, cfg, 12, 7, ALPHA, DELTA, device="cpu", per_call=24)
+    a = whitebox.audit(X, y, model, cfg, 12, 7, ALPHA, DELTA, execution=Execution("cpu", 24))
+    b = whitebox.audit(X, y, model, cfg, 12, 7, ALPHA, DELTA, execution=Execution("cpu", 24))
     assert a == b
     # A run's models depend on its seed alone (to float rounding across call widths), and
     # more runs extend each side; another seed, other runs.
-    s12 = whitebox.whitebox_scores(X, y, model, cfg, 12, 7, device="cpu", per_call=5)
-    s16 = whitebox.whitebox_scores(X, y, model, cfg, 16, 7, device="cpu", per_call=32)
-    other = whitebox.whitebox_scores(X, y, model, cfg, 12, 8, device="cpu", per_call=24)
+    s12 = whitebox.whitebox_scores(X, y, model, cfg, 12, 7, execution=Execution("cpu", 5))
+    s16 = whitebox.whitebox_scores(X, y, model, cfg, 16, 7, execution=Execution("cpu", 32))
+    other = whitebox.whitebox_scores(X, y, model, cfg, 12, 8, execution=Execution("cpu", 24))
     for side in ("in", "out"):
         for score in ("llr", "dot_sum"):
             np.testing.assert_allclose(s12[side][score], s16[side][score][:12], rtol=1e-9,
@@ -118,7 +119,7 @@ def test_kept_runs_resume_an_interrupted_audit_and_a_damaged_block_is_retrained(
     model = dpsgd.ModelSpec("fnn", X.shape[1], 4)
     cfg = dpsgd.DPSGDConfig(2, 10, 0.5, 1.0, 2.0, "poisson")
     args = (X, y, model, cfg, 12, 7, ALPHA, DELTA)
-    fresh = whitebox.audit(*args, device="cpu", per_call=8)
+    fresh = whitebox.audit(*args, execution=Execution("cpu", 8))
     real, calls = dpsgd.train, []
 
     def counted(*a, fail_at=None, **k):
@@ -127,12 +128,11 @@ def test_kept_runs_resume_an_interrupted_audit_and_a_damaged_block_is_retrained(
             raise KeyboardInterrupt  # the job is stopped during its third call
         return real(*a, **k)
 
-    def audit(fail_at=None, **kw):
+    def audit(fail_at=None):
         calls.clear()
         monkeypatch.setattr(dpsgd, "train",
                             lambda *a, **k: counted(*a, fail_at=fail_at, **k))
-        return whitebox.audit(*args, device="cpu", per_call=8, store=tmp_path, log=print,
-                              **kw)
+        return whitebox.audit(*args, execution=Execution("cpu", 8, print, tmp_path))
 
     with pytest.raises(KeyboardInterrupt):
         audit(fail_at=3)
@@ -160,7 +160,7 @@ def test_without_noise_only_the_dot_sum_row():
     # 12 steps at q = 0.25: an "in" run's canary is sampled at least once w.p. 0.97
     cfg = dpsgd.DPSGDConfig(3, 10, 0.5, 1.0, 0.0, "poisson")
     rows = whitebox.audit(X, y, dpsgd.ModelSpec("lr", X.shape[1]), cfg, 20, 0, ALPHA, DELTA,
-                          device="cpu")
+                          execution=Execution("cpu"))
     assert [r["method"] for r in rows] == ["whitebox-dot-sum"]
     assert rows[0]["eps_th"] == math.inf and rows[0]["eps_lb_ratio"] == 0.0
     assert rows[0]["eps_lb"] > 0  # the canary's coordinate moves only when it is sampled
@@ -172,12 +172,13 @@ def test_without_noise_only_the_dot_sum_row():
     ({"select_frac": 1}, "select_frac=1")])
 def test_bad_arguments_are_named(kw, match):
     X, y = _data(20)
-    args = {"runs": 4, "alpha": ALPHA, "delta": DELTA, **kw}
+    args = {"runs": 4, "alpha": ALPHA, "delta": DELTA, "per_call": None, **kw}
     runs, alpha, delta = args.pop("runs"), args.pop("alpha"), args.pop("delta")
+    execution = Execution("cpu", args.pop("per_call"))
     with pytest.raises(ValueError, match=match):
         whitebox.audit(X, y, dpsgd.ModelSpec("lr", X.shape[1]),
                        dpsgd.DPSGDConfig(1, 10, 0.5, 1.0, 1.0, "poisson"), runs, 0, alpha,
-                       delta, device="cpu", **args)
+                       delta, execution=execution, **args)
 
 
 def _cli(argv):

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,21 @@ class Side:
     name: str
     seeds: Sequence[int]
     columns: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where an audit's runs train and what it says and keeps (the same for all its runs):
+    on ``device``, ``per_call`` models per wide call (default: as many as the device's
+    memory holds); progress lines to ``log``, each prefixed ``what``; each batch of runs
+    kept in the folder ``store`` under the audit's key, which a rerun restores
+    (:func:`run`)."""
+
+    device: Any = None
+    per_call: int | None = None
+    log: Callable[[str], None] | None = None
+    store: Any = None
+    what: str = ""
 
 
 #: train_score(side, start, seeds): the trials start, start + 1, ... of side, one per seed

@@ -3,6 +3,7 @@
 # DP-SGD ("fixed"), on FMNIST at config `shuffle.settings`.  Named target `shuffle`; not in
 # the default target.
 from dpaudit.cli.shuffle import SPEC_KEYS as SHUFFLE_KEYS
+from dpaudit.experiments.shuffle_settings import trains
 
 SHUFFLE = config["shuffle"]
 
@@ -33,7 +34,7 @@ rule shuffle_audit:
                 s.get("runs", SHUFFLE["runs"])
                 * s["steps_per_epoch"]
                 * s["epochs"]
-                * len([x for x in SHUFFLE["subjects"] if x != "shuffle-once" or s["epochs"] > 1])
+                * len([x for x in SHUFFLE["subjects"] if trains(x, s["epochs"])])
                 for s in SHUFFLE["settings"]
             ),
         ),

@@ -9,7 +9,6 @@ Each subcommand lives in its own module here and exposes ``register(subparsers)`
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import re
 import sys
@@ -20,11 +19,6 @@ from ..config import SpecError
 from ..device import DeviceUnavailable
 from ..io import BadInputFile, DataNotFound, unwritable
 
-#: Subcommand modules, in help order: first the one users run themselves (audit-impl),
-#: then the pipeline's steps, which the workflow's rules run, then the checks users run.
-COMMANDS = ("tramer", "data", "hw3", "accounting", "ridge", "jagielski", "trials_needed",
-            "onerun", "abadi", "report", "tight", "shuffle", "opacus_check",
-            "runs_needed")
 DESCRIPTION = ("dpaudit: audit-impl audits your own DP training function "
                "(docs/audit_your_implementation.md); the other commands are the steps of the "
                "Snakemake pipeline, which its rules run. `dpaudit COMMAND --help` says more.")
@@ -156,38 +150,15 @@ def say(command: str):
     return lambda msg: print(f"dpaudit {command}: {msg}", file=sys.stderr, flush=True)
 
 
-#: Each subcommand's module here: a command line imports only its own (a plot or table job
-#: then starts without torch and dp_accounting, seconds each); tests/test_cli_wrong_input.py
-#: checks it against what the modules register.
-COMMAND_MODULES = {
-    "data": "data", "hw3-audit": "hw3", "hw3-plot": "hw3",
-    "accounting-curves": "accounting", "accounting-plot": "accounting",
-    "ridge-audit": "ridge", "ridge-plot": "ridge",
-    "jagielski-task": "jagielski", "jagielski-init": "jagielski",
-    "jagielski-train": "jagielski", "jagielski-audit": "jagielski",
-    "jagielski-plot": "jagielski", "jagielski-md": "jagielski",
-    "trials-needed": "trials_needed", "trials-needed-plot": "trials_needed",
-    "audit-impl": "tramer", "tramer-audit": "tramer", "tramer-reaudit": "tramer",
-    "tramer-plot": "tramer", "onerun-audit": "onerun", "onerun-plot": "onerun",
-    "abadi-features": "abadi", "abadi-train": "abadi", "abadi-table": "abadi",
-    "abadi-plot": "abadi", "md-html": "report",
-    "tight-whitebox-audit": "tight", "tight-blackbox-audit": "tight", "tight-table": "tight",
-    "tight-plot": "tight", "shuffle-audit": "shuffle", "shuffle-plot": "shuffle",
-    "opacus-check": "opacus_check", "runs-needed": "runs_needed",
-}
-
-
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The parser of every subcommand, or, where ``argv`` names a known one first, of that
-    one alone (its module imported, no other)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand (:data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(prog="dpaudit", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dpaudit {__version__}")
     # not required: without one, main prints the commands (argparse would only say that
     # one is required)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    first = argv[0] if argv else None
-    for name in [COMMAND_MODULES[first]] if first in COMMAND_MODULES else COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+    for module in COMMANDS:
+        module.register(sub)
     return parser
 
 
@@ -199,7 +170,7 @@ def _missing_folders(args) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv)
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # `dpaudit` alone: the commands it has, audit-impl first
         parser.print_help(sys.stderr)
@@ -221,6 +192,18 @@ def main(argv: list[str] | None = None) -> int:
         if folder.is_dir():
             print(f"dpaudit {args.command}: created folder {folder}", file=sys.stderr)
     return status if isinstance(status, int) else 0
+
+
+# The subcommands' modules import the helpers above, hence below them. Each imports at its
+# top only what its parser needs (no torch, no scipy: tests/test_conventions.py), and what
+# its job needs where the job runs, so that `dpaudit --help` and a plot job start quickly.
+from . import (abadi, accounting, data, hw3, jagielski, onerun, opacus_check,  # noqa: E402
+               report, ridge, runs_needed, shuffle, tight, tramer, trials_needed)
+
+#: Subcommand modules, in help order: first the one users run themselves (audit-impl),
+#: then the pipeline's steps, which the workflow's rules run, then the checks users run.
+COMMANDS = (tramer, data, hw3, accounting, ridge, jagielski, trials_needed, onerun, abadi,
+            report, tight, shuffle, opacus_check, runs_needed)
 
 
 if __name__ == "__main__":  # pragma: no cover

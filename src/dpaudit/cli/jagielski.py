@@ -134,9 +134,52 @@ def _train(args) -> None:
         raise SystemExit(f"dpaudit jagielski-train: {exc}") from None
 
 
+def _fixed_init(path, model):
+    """The one model every ``fixed``-init cell starts from: ``--init-file``'s, which must
+    hold ``model``."""
+    from .. import dpsgd
+
+    if path is None:
+        raise SpecError("init 'fixed' needs --init-file (from jagielski-init)")
+    init, saved = dpsgd.load_params(path)
+    if saved != model:
+        raise SpecError(f"{path} holds {saved}, not {model}")
+    return init
+
+
+def _save_models(parts: list, path, model) -> int:
+    """Save the kept models of one cell and side (``--save-models``) in one file; how
+    many."""
+    import torch
+
+    from .. import dpsgd
+
+    params = dpsgd.Params([torch.cat(w) for w in zip(*(p.W for p in parts))],
+                          [torch.cat(b) for b in zip(*(p.b for p in parts))])
+    dpsgd.save_params(path, params, model)
+    return params.K
+
+
+def _cell_setups(args, spec: dict, cells, n: int, init_sha: str | None):
+    """Each cell's DPSGDConfig, its key in the store (its noise, and the digest of a fixed
+    init) and the columns of its table, by cell id."""
+    from ..experiments import jagielski
+
+    cfgs, cell_keys, info = {}, {}, {}
+    for clip, init_label, eps in cells:
+        noise = float(spec["noise"][eps])
+        cid = jagielski.cell_file(clip, init_label, eps)[:-4]
+        cfgs[cid] = _dpsgd_config(spec, clip, noise, init_label, spec["sampling"])
+        cell_keys[cid] = {"noise": noise, **({"init_sha256": init_sha}
+                                              if init_label == "fixed" else {})}
+        info[cid] = {"dataset": args.dataset, "arch": args.arch, "clip": clip,
+                     "init": init_label, "eps": eps, "noise": noise, "attack": args.attack,
+                     "n": n, "steps": cfgs[cid].steps(n)}
+    return cfgs, cell_keys, info
+
+
 def _train_group(args) -> None:
     import pandas as pd
-    import torch
 
     from .. import dpsgd, features
     from ..device import describe, is_gpu, jobs_per_gpu, reproduce_key
@@ -153,14 +196,9 @@ def _train_group(args) -> None:
     arrays, task_prov = features.load_features(args.task, jagielski.TASK_ARRAYS)
     task = jagielski.Task.from_arrays(arrays)
     model = dpsgd.ModelSpec(args.arch, task.X.shape[1], spec["hidden"])
-    init = init_sha = None
-    if any(i == "fixed" for _, i, _ in cells):
-        if args.init_file is None:
-            raise SpecError("init 'fixed' needs --init-file (from jagielski-init)")
-        init, saved = dpsgd.load_params(args.init_file)
-        if saved != model:
-            raise SpecError(f"{args.init_file} holds {saved}, not {model}")
-        init_sha = init.digest()
+    init = _fixed_init(args.init_file, model) if any(i == "fixed" for _, i, _ in cells) \
+        else None
+    init_sha = None if init is None else init.digest()
     device = resolve(args.device)
     # The precision the trainer ran in: TF32 exists on CUDA only (under a forced GPU
     # description its branch, the lowered clip, with float32 products; forced_gpu says so).
@@ -173,16 +211,7 @@ def _train_group(args) -> None:
     key = {"group": [args.dataset, args.arch, args.attack], "spec": shared, "seed": args.seed,
            "task_sha256": array_digest(arrays), "trainer": jagielski.trainer_digest(),
            "device": reproduce_key(device)}
-    cfgs, cell_keys, info = {}, {}, {}
-    for clip, init_label, eps in cells:
-        noise = float(spec["noise"][eps])
-        cid = jagielski.cell_file(clip, init_label, eps)[:-4]
-        cfgs[cid] = _dpsgd_config(spec, clip, noise, init_label, spec["sampling"])
-        cell_keys[cid] = {"noise": noise, **({"init_sha256": init_sha}
-                                              if init_label == "fixed" else {})}
-        info[cid] = {"dataset": args.dataset, "arch": args.arch, "clip": clip,
-                     "init": init_label, "eps": eps, "noise": noise, "attack": args.attack,
-                     "n": len(task.X), "steps": cfgs[cid].steps(len(task.X))}
+    cfgs, cell_keys, info = _cell_setups(args, spec, cells, len(task.X), init_sha)
     log(f"{args.dataset}/{args.arch}/{args.attack}: {len(cells)} cells, {spec['trials']} "
         f"trials per side, blocks of {args.block_trials}, on {where['device']}"
         + (f" ({where['gpu_name']})" if where.get("gpu_name") else "")
@@ -198,21 +227,21 @@ def _train_group(args) -> None:
                 have.append(params.select(list(range(take))).to("cpu"))
 
     save = args.save_models > 0
+    calls = jagielski.Calls(args.block_trials, device, jobs_per_gpu=jobs_per_gpu(),
+                            precision=spec["matmul_precision"], log=log)
+    store = None if save or args.store is None else jagielski.Store(args.store, key, cell_keys)
     scores = jagielski.run_group(
         task, args.attack, model, cfgs, spec["ks"], spec["trials"], args.seed,
-        (args.dataset, args.arch), init, spec["clipbkd_d0"], args.block_trials, device, log,
-        None if save else args.store, key, cell_keys, keep if save else None,
-        precision=spec["matmul_precision"], jobs_per_gpu=jobs_per_gpu())
+        (args.dataset, args.arch), init, spec["clipbkd_d0"], calls=calls, store=store,
+        on_trained=keep if save else None)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for cid, table in scores.items():
         out = args.out_dir / f"{cid}.csv"
         for (kc, side), parts in kept_models.items():
             if kc == cid:
-                params = dpsgd.Params([torch.cat(w) for w in zip(*(p.W for p in parts))],
-                                      [torch.cat(b) for b in zip(*(p.b for p in parts))])
                 path = out.with_name(f"{out.stem}_models_{side}.pt")
-                dpsgd.save_params(path, params, model)
-                log(f"saved the first {params.K} models of side {side} to {path}")
+                log(f"saved the first {_save_models(parts, path, model)} models of side "
+                    f"{side} to {path}")
         cell = info[cid]
         table = pd.concat([pd.DataFrame({k: [v] * len(table) for k, v in cell.items()}),
                            table], axis=1)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import resolve
+from ..experiments.checks import shuffle_problems
+from ..experiments.shuffle_settings import SHUFFLING, Setting, trains
 from . import FIGURE_HELP, figure_out, kept_folder, made_by, say, spec_arg
 from .tight import training_args
 
@@ -27,14 +29,11 @@ def settings(spec: dict) -> list:
     (:class:`dpaudit.experiments.shuffle.Setting`), after the whole spec is checked against
     the schema's ``shuffle`` section and against the limits relating its keys that need no
     data (:func:`dpaudit.experiments.checks.shuffle_problems`): all before any training."""
-    from ..experiments import shuffle
-    from ..experiments.checks import shuffle_problems
-
     validate_section(spec, "shuffle", schema_node=subset_schema(SPEC_KEYS, "shuffle"))
     found = shuffle_problems(spec)
     if found:
         raise SpecError(found[0])
-    return [(shuffle.Setting(**{k: v for k, v in s.items() if k != "runs"}),
+    return [(Setting(**{k: v for k, v in s.items() if k != "runs"}),
              s.get("runs", spec["runs"])) for s in spec["settings"]]
 
 
@@ -52,13 +51,15 @@ def _audit(args) -> None:
     if too_big:
         raise SpecError(f"shuffle.settings: batch_size x steps_per_epoch must be at most the "
                         f"task's {len(task.X)} training rows; {too_big[0]} is not")
-    log, device, rows = say("shuffle-audit"), resolve(args.device), []
+    log, rows = say("shuffle-audit"), []
+    job = shuffle.Job(spec["alpha"], spec["delta"], spec["select_frac"], spec["hidden"],
+                      spec["lr"], spec["clip"], resolve(args.device), log=log)
     for setting, runs in grid:
         lines = shuffle.theory(setting, spec["delta"])
         log(f"{setting.label()}: noise {lines['noise']:.4f}, claim {lines['claimed_eps']:.3f}"
-            + "".join(f", {s} lower bound {lines[s][0]:.3f}" for s in shuffle.SHUFFLING))
+            + "".join(f", {s} lower bound {lines[s][0]:.3f}" for s in SHUFFLING))
         for subject in spec["subjects"]:
-            if subject == "shuffle-once" and setting.epochs == 1:
+            if not trains(subject, setting.epochs):
                 log(f"{setting.label()}: shuffle-once at one epoch is shuffle; not trained "
                     f"again")
                 continue
@@ -67,10 +68,7 @@ def _audit(args) -> None:
                 store = kept_folder(args.store, f"{setting.label()}_{subject}_mates{mates:g}")
                 try:
                     got = shuffle.audit(task.X, task.y, setting, subject, mates, runs,
-                                        args.seed, spec["alpha"], spec["delta"],
-                                        spec["select_frac"], hidden=spec["hidden"],
-                                        lr=spec["lr"], clip=spec["clip"], lines=lines,
-                                        device=device, log=log, store=store, what=what)
+                                        args.seed, job, lines, store, what)
                 except ValueError as exc:  # a bad runs, alpha, delta, lr..., by name
                     raise SpecError(f"--spec: {exc}") from exc
                 rows += got

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..config import SpecError, section_schema, subset_schema, validate_section
 from ..device import DEVICES, resolve
+from ..trials import Execution
 from . import (FIGURE_HELP, FMNIST_TRAIN, figure_out, fmnist_train_schema, kept_folder, made_by,
                out_dir, out_file, say, seed_arg, spec_arg)
 
@@ -85,8 +86,9 @@ def _audit(args) -> None:
             try:
                 got = whitebox.audit(task.X, task.y, model, cfg, spec["runs"], args.seed,
                                      spec["alpha"], spec["delta"], spec["select_frac"],
-                                     device=device, log=log, what=f"{arch} eps {label}: ",
-                                     store=kept_folder(args.store, f"{arch}_eps{label}"))
+                                     execution=Execution(
+                                         device, log=log, what=f"{arch} eps {label}: ",
+                                         store=kept_folder(args.store, f"{arch}_eps{label}")))
             except ValueError as exc:  # a bad runs, alpha, delta or select_frac, by name
                 raise SpecError(f"--spec: {exc}") from exc
             rows += [{"eps_label": label, **r} for r in got]
@@ -125,9 +127,10 @@ def _blackbox(args) -> None:
                 setting = blackbox.FullBatch(spec["steps"], spec["lr"], spec["clip"], noise)
                 got = blackbox.audit(task, model, setting, spec["runs"], args.seed,
                                      tuple(spec["inits"]), spec["canary"], spec["n_aux"],
-                                     spec["n"], spec["alpha"], spec["delta"], device=device,
-                                     log=log, what=f"{arch} eps {label}: ",
-                                     store=kept_folder(args.store, f"{arch}_eps{label}"))
+                                     spec["n"], spec["alpha"], spec["delta"],
+                                     execution=Execution(
+                                         device, log=log, what=f"{arch} eps {label}: ",
+                                         store=kept_folder(args.store, f"{arch}_eps{label}")))
             except ValueError as exc:  # a bad runs, size, canary or init, by name
                 raise SpecError(f"--spec: {exc}") from exc
             rows += [{"eps_label": label, "hidden": spec["hidden"] if arch != "lr" else "",

@@ -18,20 +18,21 @@ Each name below is imported from its module when first used (:mod:`dpaudit.lazy`
 reading a :class:`ModelSpec` does not import torch.
 """
 
+from typing import TYPE_CHECKING
+
 from ..lazy import lazy_attributes
 
-_WHERE = {
-    **dict.fromkeys(("CanaryRun", "CanaryScores", "GradientCanaries", "Insertions",
-                     "dirac_canaries", "last_iterate_scores"), "gradient_canaries"),
-    **dict.fromkeys(("seeds_per_block", "seeds_per_call", "step_bytes"), "memory"),
-    **dict.fromkeys(("ARCHS", "INITS", "SAMPLINGS", "NORMALISATIONS", "DPSGDConfig",
-                     "ModelSpec", "floored_expected_batch"), "spec"),
-    **dict.fromkeys(("Params", "flatten", "init_params", "load_params", "save_params"),
-                    "model"),
-    **dict.fromkeys(("PRECISIONS", "TF32_REL", "matmul_precision"), "precision"),
-    "epoch_ends": "sampling",
-    **dict.fromkeys(("train", "train_with_noise_std"), "training"),
-    **dict.fromkeys(("grad_norms", "logits", "losses"), "wide"),
-}
-__all__ = list(_WHERE)
-__getattr__, __dir__ = lazy_attributes(globals(), _WHERE, ("philox",))
+if TYPE_CHECKING:
+    from . import philox
+    from .gradient_canaries import (CanaryRun, CanaryScores, GradientCanaries, Insertions,
+                                    dirac_canaries, last_iterate_scores)
+    from .memory import seeds_per_block, seeds_per_call, step_bytes
+    from .model import Params, flatten, init_params, load_params, save_params
+    from .precision import PRECISIONS, TF32_REL, matmul_precision
+    from .sampling import epoch_ends
+    from .spec import (ARCHS, INITS, NORMALISATIONS, SAMPLINGS, DPSGDConfig, ModelSpec,
+                       floored_expected_batch)
+    from .training import train, train_with_noise_std
+    from .wide import grad_norms, logits, losses
+
+__getattr__, __dir__, __all__ = lazy_attributes(globals())

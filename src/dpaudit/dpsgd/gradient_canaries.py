@@ -47,7 +47,7 @@ import torch
 
 from . import philox
 from ..device import resolve
-from .model import Params, _noise_views, _tensors, flatten
+from .model import Params, noise_views, layer_tensors, flatten
 from .spec import ModelSpec
 
 
@@ -301,7 +301,7 @@ class CanaryScores:
         return per_side[0] - per_side[1] if self.sides == 2 else per_side[0]
 
 
-class _CanaryHook:
+class CanaryHook:
     """The trainer's canary work: per step one draw for all models, the sampled sum
     (K, m) x (m, P) added to the update, and the score update (K, P) x (P, m) of the step
     (:class:`CanaryScores`). Dirac canaries (one nonzero per row) take an index_add and a
@@ -368,12 +368,12 @@ class _CanaryHook:
             self.csum.zero_().index_add_(1, self.coords, hit.mul_(self.values_dt))
         else:
             torch.matmul(hit, self.dirs, out=self.csum)
-        for param, c in zip(_tensors(params), _noise_views(self.csum, params)):
+        for param, c in zip(layer_tensors(params), noise_views(self.csum, params)):
             param.sub_(c, alpha=step_size)
 
     def observe(self, params: Params) -> None:
         """scores += <theta_t - theta_{t+1}, g_j>, after the step to theta_{t+1}."""
-        torch.cat([t.reshape(self.K, -1) for t in _tensors(params)], dim=1, out=self.flat)
+        torch.cat([t.reshape(self.K, -1) for t in layer_tensors(params)], dim=1, out=self.flat)
         if self.dirs is None:
             new = self.flat.index_select(1, self.coords).double()
             step = (self.prev - new).mul_(self.values)

@@ -67,7 +67,7 @@ class Params:
             raise ValueError(f"Params of layer shapes {got} do not match {model}")
 
 
-def _noise_views(noise: torch.Tensor, params: "Params | ModelSpec"):
+def noise_views(noise: torch.Tensor, params: "Params | ModelSpec"):
     """Per-layer views (W_0, b_0, W_1, b_1, ...) of a (K, P) noise row, laid out row-major,
     for the layer shapes of ``params`` (or of a ModelSpec)."""
     shapes = params.shapes if isinstance(params, ModelSpec) else [w.shape[1:] for w in params.W]
@@ -79,7 +79,7 @@ def _noise_views(noise: torch.Tensor, params: "Params | ModelSpec"):
     return views
 
 
-def _tensors(params: Params) -> list[torch.Tensor]:
+def layer_tensors(params: Params) -> list[torch.Tensor]:
     """The parameter tensors in the flattened layout's order: W_0, b_0, W_1, b_1, ..."""
     return [t for pair in zip(params.W, params.b) for t in pair]
 
@@ -87,11 +87,12 @@ def _tensors(params: Params) -> list[torch.Tensor]:
 def flatten(params: Params) -> torch.Tensor:
     """The K models' parameters as one (K, P) tensor, in the trainer's layout: W_0, b_0, W_1,
     b_1, ..., each row-major (W_l of shape (fan_in, fan_out)); the layout of the noise
-    (``_noise_views``) and of :attr:`GradientCanaries.directions`. A new tensor."""
-    return torch.cat([t.reshape(params.K, -1) for t in _tensors(params)], dim=1)
+    (``noise_views``) and of :attr:`GradientCanaries.directions`. A new tensor."""
+    return torch.cat([t.reshape(params.K, -1) for t in layer_tensors(params)], dim=1)
 
 
-def _check_seed(seed) -> int:
+def check_seed(seed) -> int:
+    """``seed`` as an int; ValueError unless it is an integer >= 0."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed={seed!r}: must be an integer >= 0")
     return int(seed)
@@ -102,7 +103,7 @@ _PHI_M2 = 0.022750131948179195
 _PHI_MASS = 0.9544997361036416
 
 
-def _glorot_draw(model: "ModelSpec", key: torch.Tensor, steps, dtype) -> list[torch.Tensor]:
+def glorot_draw(model: "ModelSpec", key: torch.Tensor, steps, dtype) -> list[torch.Tensor]:
     """Glorot-normal weights (scale 1) of the runs of ``key`` ((K, 2), :func:`philox.keys`)
     at init-stream steps ``steps`` (an int: (K, fan_in, fan_out) per layer; a tensor of S
     steps of one key: (S, fan_in, fan_out)), one draw for all layers, on the key's device.
@@ -132,12 +133,12 @@ def init_params(model: ModelSpec, K: int, seed, scale: float = 1.0, *, device=No
     """
     dev = resolve(device)
     if isinstance(seed, (int, np.integer)):
-        key, steps = philox.keys([_check_seed(seed)], dev), torch.arange(K)
+        key, steps = philox.keys([check_seed(seed)], dev), torch.arange(K)
     else:
         if len(seed) != K:
             raise ValueError(f"init_params: {len(seed)} seeds for K={K} models")
-        key, steps = philox.keys([_check_seed(s) for s in seed], dev), 0
-    W = [w.mul_(scale) for w in _glorot_draw(model, key, steps, dtype)]
+        key, steps = philox.keys([check_seed(s) for s in seed], dev), 0
+    W = [w.mul_(scale) for w in glorot_draw(model, key, steps, dtype)]
     b = [torch.zeros(K, o, device=dev, dtype=dtype) for _, o in model.shapes]
     return Params(W, b)
 

@@ -45,21 +45,21 @@ def matmul_precision(name: str):
         _PRECISION.reset(token)
 
 
-def _tf32(dev: torch.device) -> bool:
+def uses_tf32(dev: torch.device) -> bool:
     """Whether the trainer's products on ``dev`` are TF32 (:func:`matmul_precision`); under
     a forced GPU description (:func:`dpaudit.device.is_gpu`) the CPU takes this branch, its
     clip margin included, with float32 products."""
     return is_gpu(dev) and _PRECISION.get() == "tf32"
 
 
-def _clip_scale(dev: torch.device) -> float:
+def clip_scale(dev: torch.device) -> float:
     """The factor on every clipping norm: 1, or (1 + 2^-10)^-2 under TF32 (the margin for
     the rounding of the clipped sum's inputs, :func:`matmul_precision`)."""
-    return (1 + TF32_REL) ** -2 if _tf32(dev) else 1.0
+    return (1 + TF32_REL) ** -2 if uses_tf32(dev) else 1.0
 
 
 @contextmanager
-def _cuda_matmuls(dev: torch.device):
+def cuda_matmuls(dev: torch.device):
     """torch's CUDA float32 matmul setting as :func:`matmul_precision` says, restored on
     exit (torch's newer per-backend setting; reading the legacy ``allow_tf32`` after it is
     set raises). Set under a forced GPU description too: harmless on the CPU, whose
@@ -68,7 +68,7 @@ def _cuda_matmuls(dev: torch.device):
     if not is_gpu(dev):
         yield
         return
-    want = "tf32" if _tf32(dev) else "ieee"
+    want = "tf32" if uses_tf32(dev) else "ieee"
     if hasattr(mm, "fp32_precision"):
         saved, mm.fp32_precision = mm.fp32_precision, want
     else:  # torch < 2.9

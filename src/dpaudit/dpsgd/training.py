@@ -23,13 +23,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from . import philox
 from ..device import is_gpu, resolve
-from . import precision, sampling
-from .gradient_canaries import CanaryRun, GradientCanaries, _CanaryHook
-from .model import Params, _check_seed, _glorot_draw, _noise_views, _tensors
+from . import philox, precision, sampling
+from .gradient_canaries import CanaryHook, CanaryRun, GradientCanaries
+from .model import Params, check_seed, glorot_draw, layer_tensors, noise_views
 from .spec import DPSGDConfig, ModelSpec
-from .wide import _binary_step, _gradient_step, _Wide
+from .wide import Wide, binary_step, gradient_step
 
 
 def _columns(cfg, noise_std) -> tuple[list[DPSGDConfig], list[float]]:
@@ -58,7 +57,7 @@ _SHARED = ("epochs", "batch_size", "lr", "sampling", "normalisation")
 
 
 def _initial(model: ModelSpec, cols: list[DPSGDConfig], init: Params | None, key, dev,
-             dtype) -> _Wide:
+             dtype) -> Wide:
     """The K x M initial weights: each seed's Glorot draw (one per seed, whatever the
     columns) times each "glorot" column's scale; ``init`` for the "fixed" columns."""
     K, M = len(key), len(cols)
@@ -71,13 +70,13 @@ def _initial(model: ModelSpec, cols: list[DPSGDConfig], init: Params | None, key
     W = [torch.empty(K, M, o, i, device=dev, dtype=dtype) for i, o in model.shapes[:1]]
     W += [torch.empty(K, M, i, o, device=dev, dtype=dtype) for i, o in model.shapes[1:]]
     b = [torch.zeros(K, M, o, device=dev, dtype=dtype) for _, o in model.shapes]
-    wide = _Wide(W, b)
+    wide = Wide(W, b)
     glorot = [m for m, c in enumerate(cols) if c.init == "glorot"]
-    draws = _glorot_draw(model, key, 0, dtype) if glorot else None
+    draws = glorot_draw(model, key, 0, dtype) if glorot else None
     for m, c in enumerate(cols):
         col = wide.column(m)
         if c.init == "fixed":
-            for t, v in zip(_tensors(col), _tensors(init)):
+            for t, v in zip(layer_tensors(col), layer_tensors(init)):
                 t.copy_(v.to(dev, dtype).expand_as(t))
         else:
             for w, d in zip(col.W, draws):
@@ -115,7 +114,7 @@ def _check(X, y, model: ModelSpec, cols: list[DPSGDConfig], seeds, canaries, lr_
                              "DPSGDConfig.normalisation 'asgm' divides by each batch's size")
     if int(y.min()) < 0 or int(y.max()) >= model.n_classes:
         raise ValueError(f"train: labels must be in [0, {model.n_classes})")
-    if canaries is not None and precision._tf32(dev):
+    if canaries is not None and precision.uses_tf32(dev):
         raise ValueError("canaries: train with matmul_precision('fp32') (TF32 would round "
                          "the canaries and their scores)")
 
@@ -127,7 +126,7 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     _check(X, y, model, cols, seeds, canaries, lr_schedule, dev)
     n = X.shape[0]
     dtype = X.dtype if X.is_floating_point() else torch.float32
-    key = philox.keys([_check_seed(s) for s in seeds], dev)
+    key = philox.keys([check_seed(s) for s in seeds], dev)
     fused = is_gpu(dev)  # one kernel per draw on a GPU (philox module docstring)
     wide = _initial(model, cols, init, key, dev, dtype)
 
@@ -141,11 +140,11 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     xt = None
     if shared:
         onehot_shared, sq_shared, xt = onehot.unsqueeze(0), sq_in.unsqueeze(0), X.T.contiguous()
-    clip = torch.tensor([c.clip * precision._clip_scale(dev) for c in cols], device=dev,
+    clip = torch.tensor([c.clip * precision.clip_scale(dev) for c in cols], device=dev,
                         dtype=dtype).view(M, 1)
 
-    # Logistic regression on two classes: the step with half the matmuls (wide._binary_step).
-    step = _binary_step if model.arch == "lr" and model.n_classes == 2 else _gradient_step
+    # Logistic regression on two classes: the step with half the matmuls (wide.binary_step).
+    step = binary_step if model.arch == "lr" and model.n_classes == 2 else gradient_step
     B, d = cfg.divisor(n), model.in_dim
     step_size = cfg.lr / B
     by_size = cfg.normalisation == "asgm"  # each run's step rescaled by B / its batch size
@@ -157,7 +156,7 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     x_buf = torch.empty(0, device=dev, dtype=dtype)
     # The canary treated as the sampling treats an example, unless given its own rate.
     by_shuffle = canaries is not None and canaries.rate is None and cfg.shuffled
-    hook = None if canaries is None else _CanaryHook(
+    hook = None if canaries is None else CanaryHook(
         canaries, None if by_shuffle else canaries.rate or cfg.batch_size / n, key,
         wide.column(0), dev, dtype, step_size, stds[0], cfg.clip, fused,
         (cfg.sampling, n, cfg.batch_size) if by_shuffle else None, cfg.batch_size)
@@ -189,7 +188,7 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
                      sampling.batch_sizes(idx, weights, n, K, dev) if hook.mates else None)
         if noisy:
             noise = philox.draw("normal", key, philox.NOISE, t, model.n_params, fused=fused)
-            views = _noise_views(noise, model)
+            views = noise_views(noise, model)
             # The first layer's W is kept transposed: a contiguous copy of its noise, so
             # that adding it to every column reads memory in order.
             views[0] = views[0].transpose(1, 2).contiguous()
@@ -261,7 +260,7 @@ def train_with_noise_std(X: torch.Tensor, y: torch.Tensor, model: ModelSpec,
     and the hook leaves the trained models as they are without it.
     """
     cols, stds = _columns(cfg, noise_std)
-    with precision._cuda_matmuls(resolve(device)):
+    with precision.cuda_matmuls(resolve(device)):
         out = _train(X, y, model, cols, stds, list(seeds), init, device, progress, canaries,
                      lr_schedule, on_epoch)
     return out[0] if isinstance(cfg, DPSGDConfig) and isinstance(out, list) else out

@@ -22,7 +22,7 @@ from .model import Params
 from .spec import ModelSpec
 
 
-class _Wide(NamedTuple):
+class Wide(NamedTuple):
     """K seeds x M columns of one :class:`ModelSpec` in one layout (the trainer's): ``W[0]``
     (K, M, fan_out, fan_in), the first layer of every column transposed, so that it is one
     (K M fan_out) x fan_in matrix: its products with a batch shared by all K models, or
@@ -33,7 +33,7 @@ class _Wide(NamedTuple):
     b: list[torch.Tensor]
 
     @classmethod
-    def of(cls, params: Params) -> "_Wide":
+    def of(cls, params: Params) -> "Wide":
         """A view of ``params`` as one column (in-place updates reach ``params``)."""
         return cls([params.W[0].transpose(1, 2).unsqueeze(1)]
                    + [w.unsqueeze(1) for w in params.W[1:]], [b.unsqueeze(1) for b in params.b])
@@ -47,7 +47,7 @@ class _Wide(NamedTuple):
         return [t for pair in zip(self.W, self.b) for t in pair]
 
 
-def _forward(wide: _Wide, x: torch.Tensor, xt: torch.Tensor | None = None):
+def _forward(wide: Wide, x: torch.Tensor, xt: torch.Tensor | None = None):
     """Layer inputs and logits in the feature-major layout the step keeps throughout:
     [a_0 = x^T, a_1 (K, M, hidden, m), ...] and logits (K, M, C, m).
 
@@ -79,7 +79,7 @@ def _forward(wide: _Wide, x: torch.Tensor, xt: torch.Tensor | None = None):
     return acts, z
 
 
-def _backprop(wide: _Wide, acts, z, onehot):
+def _backprop(wide: Wide, acts, z, onehot):
     """Per-example backprop signals g_l = d loss_i / d z_l of each layer, (K, M, fan_out, m);
     ``onehot`` (K, C, m), or (1, C, m) for a batch shared by the K models.
 
@@ -105,7 +105,7 @@ def _sq_grad_norms(acts, gs, sq_in):
     return sq
 
 
-def _gradient_step(wide: _Wide, x, xt, onehot, sq_in, clip, weights, step_size: float) -> None:
+def gradient_step(wide: Wide, x, xt, onehot, sq_in, clip, weights, step_size: float) -> None:
     """theta -= step_size * (sum over the batch of each example's clipped gradient), every
     model and column at once: the forward pass, the backprop signals, each example's norm
     over all parameters, its clip factor min(1, C / norm) (times its 0/1 weight where
@@ -134,8 +134,8 @@ def _gradient_step(wide: _Wide, x, xt, onehot, sq_in, clip, weights, step_size: 
         wide.b[l].sub_(g.sum(-1), alpha=step_size)
 
 
-def _binary_step(wide: _Wide, x, xt, onehot, sq_in, clip, weights, step_size: float) -> None:
-    """:func:`_gradient_step` of logistic regression on two classes, with half the matmuls.
+def binary_step(wide: Wide, x, xt, onehot, sq_in, clip, weights, step_size: float) -> None:
+    """:func:`gradient_step` of logistic regression on two classes, with half the matmuls.
     The softmax's gradient of class 0 is minus that of class 1 (g_0 = p_0 - y_0 = -(p_1 -
     y_1)), so each example adds c g_1 (-1, 1) (x; 1)^T: one product, the difference's
     logits z_1 - z_0 (class 1's probability is their sigmoid), and one update product
@@ -166,7 +166,7 @@ def logits(params: Params, x: torch.Tensor, model: ModelSpec) -> torch.Tensor:
     """Logits (K, m, n_classes) of the K models on x (m, in_dim), returned on x's device."""
     params.check(model)
     with torch.no_grad():
-        z = _forward(_Wide.of(params), x.to(params.W[0].device, params.W[0].dtype))[1]
+        z = _forward(Wide.of(params), x.to(params.W[0].device, params.W[0].dtype))[1]
         return z[:, 0].transpose(1, 2).to(x.device)
 
 
@@ -180,7 +180,7 @@ def grad_norms(params: Params, x: torch.Tensor, y: torch.Tensor, model: ModelSpe
     """Per-example gradient norms ||grad_theta loss_i|| (K, m), all layers jointly, unclipped."""
     params.check(model)
     with torch.no_grad():
-        xs, wide = x.to(params.W[0].device, params.W[0].dtype), _Wide.of(params)
+        xs, wide = x.to(params.W[0].device, params.W[0].dtype), Wide.of(params)
         acts, z = _forward(wide, xs)
         onehot = torch.nn.functional.one_hot(y.to(z.device), model.n_classes).to(z.dtype)
         gs = _backprop(wide, acts, z, onehot.T.unsqueeze(0))

@@ -13,6 +13,7 @@ import math
 from ..config import SpecError
 from ..dpsgd import ModelSpec
 from . import abadi, jagielski
+from .shuffle_settings import trains
 
 #: Sizes of the data the experiments use: the training rows of the Jagielski et al. tasks
 #: (Fashion-MNIST: the reference code's random half of the 12,000 T-shirt and trouser
@@ -43,17 +44,30 @@ USER_REGISTRY = ("fixed", "buggy", "half-steps", "half-noise", "shuffle", "shuff
 def problems(config: dict) -> list[str]:
     """One line per violated cross-key limit of ``config`` (a whole config that satisfies
     the schema); empty if none."""
-    found = []
-    jag, tn, onerun = config["jagielski"], config["trials_needed"], config["onerun"]
+    jag = config["jagielski"]
+    return [*_hw3_problems(config["hw3"]), *_accounting_problems(config["accounting"]),
+            *_ridge_problems(config["ridge"]),
+            *_jagielski_problems(jag, config["trials_needed"], config["onerun"]),
+            *_onerun_problems(config["onerun"], jag), *_tramer_config_problems(config["tramer"]),
+            *_abadi_problems(config["abadi"]), *_tight_problems(config["tight"], jag),
+            *_shuffle_config_problems(config["shuffle"])]
 
-    for grid, axes in config["hw3"]["grids"].items():
+
+def _hw3_problems(hw3: dict) -> list[str]:
+    """The ``hw3`` section: canary coordinates of each grid's largest point."""
+    found = []
+    for grid, axes in hw3["grids"].items():
         largest = max(axes["m"]) * max(axes["d"])
         if largest > MAX_HW3_COORDINATES:
             found.append(f"hw3.grids.{grid}.m x hw3.grids.{grid}.d = {largest:.3g} canary "
                          f"coordinates at the largest point: must be <= "
                          f"{MAX_HW3_COORDINATES:.0e}")
+    return found
 
-    acc = config["accounting"]
+
+def _accounting_problems(acc: dict) -> list[str]:
+    """The ``accounting`` section: the accountants' steps and the composition grid."""
+    found = []
     steps = acc["abadi"]["max_epochs"] / acc["abadi"]["sample_rate"]
     if steps > MAX_ACCOUNTING_STEPS:
         found.append(f"accounting.abadi.max_epochs / sample_rate = {steps:.3g} DP-SGD steps: "
@@ -62,12 +76,23 @@ def problems(config: dict) -> list[str]:
     if comp["num_k"] > comp["max_k"]:
         found.append(f"accounting.composition.num_k={comp['num_k']}: must be <= "
                      f"accounting.composition.max_k={comp['max_k']} (whole k in [1, max_k])")
+    return found
 
-    ridge = config["ridge"]
+
+def _ridge_problems(ridge: dict) -> list[str]:
+    """The ``ridge`` section: at most d orthonormal canaries."""
+    found = []
     if ridge["m"] > ridge["d"]:
         found.append(f"ridge.m={ridge['m']}: must be <= ridge.d={ridge['d']} (the canaries "
                      "are orthonormal directions of R^d)")
+    return found
 
+
+def _jagielski_problems(jag: dict, tn: dict, onerun: dict) -> list[str]:
+    """The ``jagielski`` section (with ``trials_needed``, and ``onerun`` where it compares
+    with the many-model cells): noise and batch of each data set, the trials' splits, the
+    grid."""
+    found = []
     for name, n in JAGIELSKI_N.items():
         # A cell is named and plotted by its label: a finite label trained without noise
         # would claim an eps it does not have (eps = inf).
@@ -91,6 +116,13 @@ def problems(config: dict) -> list[str]:
         jagielski.check_grid(jag, onerun if onerun["compare_many_model"] else None)
     except ValueError as err:
         found.append(str(err).removeprefix("config "))
+    return found
+
+
+def _onerun_problems(onerun: dict, jag: dict) -> list[str]:
+    """The ``onerun`` section: the many-model cells it compares with, the Dirac canaries
+    the first layer holds."""
+    found = []
     if onerun["compare_many_model"]:
         trained = set(jag["fig2"]["eps"]) | set(jag["table2"]["eps"])
         extra = [e for e in onerun["eps"] if e not in trained]
@@ -116,8 +148,13 @@ def problems(config: dict) -> list[str]:
                 found.append(f"onerun.m={onerun['m']}: must be <= {fan_in * fan_out}, the "
                              f"first-layer weights of the {arch} model (one Dirac canary "
                              "each)")
+    return found
 
-    tramer = config["tramer"]
+
+def _tramer_config_problems(tramer: dict) -> list[str]:
+    """The ``tramer`` section: :func:`tramer_problems`, the training set and batch, the
+    user spec."""
+    found = []
     found += tramer_problems(tramer)
     most = TRAMER_PER_CLASS * len(tramer["classes"])
     if tramer["n_train"] > most:
@@ -134,8 +171,13 @@ def problems(config: dict) -> list[str]:
     else:
         if not isinstance(spec, dict):
             found.append(f"tramer.user.spec={tramer['user']['spec']!r}: must be a JSON object")
+    return found
 
-    fig3 = config["abadi"]["fig3"]
+
+def _abadi_problems(abadi_cfg: dict) -> list[str]:
+    """The ``abadi`` section: Figure 3's and Figure 6's sizes and levels."""
+    found = []
+    fig3 = abadi_cfg["fig3"]
     n3 = fig3["n_train"] or MNIST_TRAIN
     for key in ("lot_size", "train_eval_images"):
         if fig3[key] > n3:
@@ -146,7 +188,7 @@ def problems(config: dict) -> list[str]:
             abadi.check_fig3_level(level)
         except SpecError as err:
             found.append(str(err))
-    fig6 = config["abadi"]["fig6"]
+    fig6 = abadi_cfg["fig6"]
     # The private set without CIFAR-100: CIFAR-10's training images less the public ones.
     n6 = fig6["private_images"] or CIFAR10_TRAIN - fig6["public_images"]
     if fig6["train_eval_images"] > n6:
@@ -168,8 +210,13 @@ def problems(config: dict) -> list[str]:
             found.append(f"abadi.fig6.sigma=0 with abadi.fig6.levels[{i}].eps={level['eps']}: "
                          "without noise eps = inf, so no target can stop the level; set its "
                          "eps to null or abadi.fig6.sigma > 0")
+    return found
 
-    tight = config["tight"]
+
+def _tight_problems(tight: dict, jag: dict) -> list[str]:
+    """The ``tight`` section: eps labels with a noise multiplier, the black box's rows,
+    the runs' split."""
+    found = []
     noise = {**tight["noise"], **jag["datasets"]["fmnist"]["noise"]}
     for label in tight["eps"]:
         try:
@@ -188,9 +235,16 @@ def problems(config: dict) -> list[str]:
                      f"must be <= {JAGIELSKI_N['fmnist']}, the rows of the FMNIST task")
     found += split_problems("tight.select_frac", tight["select_frac"], "tight.runs",
                             tight["runs"])
-    found += shuffle_problems(config["shuffle"])
+    return found
+
+
+def _shuffle_config_problems(section: dict) -> list[str]:
+    """The ``shuffle`` section: :func:`shuffle_problems` and the FMNIST rows of each
+    setting."""
+    found = []
+    found += shuffle_problems(section)
     rows = JAGIELSKI_N["fmnist"]
-    for i, setting in enumerate(config["shuffle"]["settings"]):
+    for i, setting in enumerate(section["settings"]):
         n = setting["batch_size"] * setting["steps_per_epoch"]
         if n > rows:
             found.append(f"shuffle.settings[{i}]: batch_size x steps_per_epoch = {n}: must be "
@@ -220,8 +274,8 @@ def shuffle_problems(section: dict) -> list[str]:
         runs, key = ((setting["runs"], f"shuffle.settings[{i}].runs") if "runs" in setting
                      else (section["runs"], "shuffle.runs"))
         found += split_problems("shuffle.select_frac", section["select_frac"], key, runs)
-    if set(section["subjects"]) == {"shuffle-once"} and all(
-            s["epochs"] == 1 for s in section["settings"]):
+    if not any(trains(subject, s["epochs"]) for subject in section["subjects"]
+               for s in section["settings"]):
         found.append("shuffle.subjects: [shuffle-once] alone must come with a setting of "
                      "epochs > 1; at one epoch shuffle-once is shuffle and is not trained "
                      "again, so nothing would be audited (add a subject or such a setting)")

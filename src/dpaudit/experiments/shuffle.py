@@ -36,49 +36,27 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
-from .. import dpsgd
+from .. import dpsgd, trials
+from .shuffle_settings import ACCOUNTING, RELATION, SHUFFLING, SUBJECTS, Setting, trains
 from .tight import whitebox
-
-#: Subject name (as in :mod:`dpaudit.subjects`) -> the trainer's sampling.
-SUBJECTS = {"fixed": "poisson", "shuffle": "shuffle", "shuffle-once": "shuffle-once"}
-#: Chua et al.'s shuffling of each shuffled subject.
-SHUFFLING = {"shuffle": "dynamic", "shuffle-once": "persistent"}
-RELATION = "zero-out"
-#: What every subject reports: Poisson subsampling at q = B / n, PLD.
-ACCOUNTING = "poisson-pld"
 
 
 @dataclass(frozen=True)
-class Setting:
-    """One setting of the audit (module docstring); ``n = batch_size * steps_per_epoch``."""
+class Job:
+    """What every audit of one ``shuffle-audit`` job shares: its training (``hidden``,
+    ``lr``, ``clip``) and its bounds (``alpha``, ``delta``, ``select_frac``), the config
+    section's keys, and where its runs train (``device``; ``per_call`` models per wide call)
+    and report progress (``log``)."""
 
-    arch: str
-    batch_size: int
-    steps_per_epoch: int
-    epochs: int
-    eps: float
-
-    def __post_init__(self):
-        for name in ("batch_size", "steps_per_epoch", "epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-                    or value < 1:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
-        if self.arch not in dpsgd.ARCHS:
-            raise ValueError(f"arch={self.arch!r}: must be one of {list(dpsgd.ARCHS)}")
-        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) \
-                or not 0 < self.eps < math.inf:
-            raise ValueError(f"eps={self.eps!r}: must be a finite number > 0")
-
-    @property
-    def n(self) -> int:
-        return self.batch_size * self.steps_per_epoch
-
-    def label(self) -> str:
-        return (f"{self.arch} B={self.batch_size} S={self.steps_per_epoch} "
-                f"E={self.epochs} eps={self.eps:g}")
+    alpha: float
+    delta: float
+    select_frac: float = 0.5
+    hidden: int = 32
+    lr: float = 0.1
+    clip: float = 1.0
+    device: object = None
+    per_call: int | None = None
+    log: Callable[[str], None] | None = None
 
 
 def theory(setting: Setting, delta: float) -> dict:
@@ -99,28 +77,26 @@ def theory(setting: Setting, delta: float) -> dict:
 
 
 def audit(X, y, setting: Setting, subject: str, mates: float, runs: int, seed: int,
-          alpha: float, delta: float, select_frac: float = 0.5, *, hidden=32,
-          lr: float = 0.1, clip: float = 1.0, lines: dict | None = None, device=None,
-          per_call: int | None = None, log: Callable[[str], None] | None = None, store=None,
-          what: str = "") -> list[dict]:
+          job: Job, lines: dict | None = None, store=None, what: str = "") -> list[dict]:
     """The white-box audit of ``subject`` at ``setting`` on the first ``setting.n`` rows of
-    ``(X, y)``: one row per method of :data:`dpaudit.experiments.tight.whitebox.METHODS`,
-    with the theory lines (:func:`theory`, or ``lines`` from it) and ``violation``: a
-    certified ``eps_lb`` above ``claimed_eps``. ``per_call``, ``log``, ``store`` and ``what``
-    as in :func:`dpaudit.experiments.tight.whitebox.whitebox_scores`."""
+    ``(X, y)``, with ``job``'s training and bounds: one row per method of
+    :data:`dpaudit.experiments.tight.whitebox.METHODS`, with the theory lines
+    (:func:`theory`, or ``lines`` from it) and ``violation``: a certified ``eps_lb`` above
+    ``claimed_eps``. ``store`` and ``what`` as in
+    :func:`dpaudit.experiments.tight.whitebox.whitebox_scores`."""
     if subject not in SUBJECTS:
         raise ValueError(f"subject={subject!r}: must be one of {list(SUBJECTS)}")
     if setting.n > len(X):
         raise ValueError(f"{setting.label()}: n = batch_size x steps_per_epoch = {setting.n} "
                          f"rows, but the task has {len(X)}")
-    lines = lines or theory(setting, delta)
-    model = dpsgd.ModelSpec(setting.arch, X.shape[1], hidden)
-    cfg = dpsgd.DPSGDConfig(setting.epochs, setting.batch_size, lr, clip, lines["noise"],
-                            SUBJECTS[subject])
+    lines = lines or theory(setting, job.delta)
+    model = dpsgd.ModelSpec(setting.arch, X.shape[1], job.hidden)
+    cfg = dpsgd.DPSGDConfig(setting.epochs, setting.batch_size, job.lr, job.clip,
+                            lines["noise"], SUBJECTS[subject])
     X, y = X[:setting.n], y[:setting.n]
-    scores = whitebox.whitebox_scores(X, y, model, cfg, runs, seed, device=device,
-                                      per_call=per_call, log=log, store=store, what=what,
-                                      mates=mates)
+    scores = whitebox.whitebox_scores(X, y, model, cfg, runs, seed, mates=mates,
+                                      execution=trials.Execution(job.device, job.per_call,
+                                                                 job.log, store, what))
     shuffle_lb, eps_upper = lines[subject]
     setup = {"subject": subject, "sampling": SUBJECTS[subject], "accounting": ACCOUNTING,
              "relation": RELATION, "mates": float(mates), "claimed_eps": lines["claimed_eps"],
@@ -128,18 +104,13 @@ def audit(X, y, setting: Setting, subject: str, mates: float, runs: int, seed: i
              "hidden": whitebox.hidden_cell(model), "n": setting.n,
              "batch_size": setting.batch_size, "steps_per_epoch": setting.steps_per_epoch,
              "epochs": setting.epochs, "steps": cfg.steps(setting.n),
-             "noise": lines["noise"], "clip": float(clip), "alpha": float(alpha),
-             "delta": float(delta), "select_frac": float(select_frac), "seed": int(seed)}
-    rows = []
-    for method, key in (("whitebox-llr", "llr"), ("whitebox-dot-sum", "dot_sum")):
-        stats = whitebox.audit_scores(scores["in"][key], scores["out"][key], alpha, delta,
-                                      select_frac)
-        eps_lb = stats.pop("eps_lb")
-        rows.append({"method": method, "threat_model": whitebox.METHODS[method],
-                     "eps_lb": eps_lb, "certified": stats.pop("certified"),
-                     "violation": eps_lb > lines["claimed_eps"], "runs": int(runs),
-                     **stats, **setup})
-    return rows
+             "noise": lines["noise"], "clip": float(job.clip), "alpha": float(job.alpha),
+             "delta": float(job.delta), "select_frac": float(job.select_frac),
+             "seed": int(seed)}
+    return [{**row, "violation": row["eps_lb"] > lines["claimed_eps"], **setup}
+            for row in whitebox.method_rows(scores, runs, job.alpha, job.delta,
+                                            job.select_frac)]
 
 
-__all__ = ["SUBJECTS", "SHUFFLING", "RELATION", "ACCOUNTING", "Setting", "theory", "audit"]
+__all__ = ["SUBJECTS", "SHUFFLING", "RELATION", "ACCOUNTING", "Setting", "trains", "Job",
+           "theory", "audit"]

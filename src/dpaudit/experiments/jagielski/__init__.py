@@ -35,33 +35,36 @@ Modules: :mod:`.tasks` (the data tasks), :mod:`.grid` (cells, config keys, paths
 :mod:`.paper` (Table 2 against the paper); this package re-exports their public names,
 all but the grid's imported on first use (:mod:`dpaudit.lazy`: :mod:`.tasks` and
 :mod:`.training` import torch, :mod:`.audit` and :mod:`.paper` scipy.stats): the workflow's
-start-up reads only the grid.
+start-up and the command lines' parsers read only the grid.
 """
 
 from __future__ import annotations
 
-from .grid import (ATTACKS, AUDIT_KEYS, DATASETS, MADE_WITH_KEYS, STATISTICS, TASK_KEYS,
-                   TRAIN_KEYS, TRAINED_DIR, cell_file, cell_path, check_grid, grid_cells,
-                   grid_models, group_dir, group_dirs, groups, init_label, score_columns,
-                   side_names, table_spec, train_spec)
-from ...lazy import lazy_attributes
+from typing import TYPE_CHECKING
 
-_WHERE = {**dict.fromkeys(("POOL_SIZE", "TASK_ARRAYS", "Task", "cifar_task", "fmnist_task",
-                           "make_task"), "tasks"),
-          **dict.fromkeys(("YEOM_POINTS", "model_seeds", "run_group", "score_models", "sides",
-                           "trainer_digest"), "training"),
-          **dict.fromkeys(("BOOTSTRAPS", "COLUMNS", "PAPER_STATISTIC", "RESPLITS", "ROC_LEVELS",
-                           "SPLIT_PERCENTILES", "audit_scores", "read_result_table",
-                           "read_scores", "summarize_cell", "theoretical_eps"), "audit"),
-          **dict.fromkeys(("PAPER_CLIPS", "PAPER_COLUMN", "PAPER_TABLE2", "PAPER_TOL",
-                           "TABLE2_COLUMNS", "TABLE2_NOTES", "eps_label", "init_name",
-                           "init_order", "paper_agreement", "paper_table2", "table2_markdown",
-                           "with_paper_table2"), "paper")}
-__getattr__, __dir__ = lazy_attributes(globals(), _WHERE)
+from ...lazy import lazy_attributes
+from .grid import (ATTACKS, AUDIT_KEYS, DATASETS, MADE_WITH_KEYS, PAPER_TOL, STATISTICS,
+                   TASK_KEYS, TRAIN_KEYS, TRAINED_DIR, cell_file, cell_path, check_grid,
+                   grid_cells, grid_models, group_dir, group_dirs, groups, init_label,
+                   score_columns, side_names, table_spec, train_spec)
+
+if TYPE_CHECKING:
+    from .audit import (BOOTSTRAPS, COLUMNS, PAPER_STATISTIC, RESPLITS, ROC_LEVELS,
+                        SPLIT_PERCENTILES, audit_scores, read_result_table, read_scores,
+                        summarize_cell, theoretical_eps)
+    from .paper import (PAPER_CLIPS, PAPER_COLUMN, PAPER_TABLE2, TABLE2_COLUMNS, TABLE2_NOTES,
+                        eps_label, init_name, init_order, paper_agreement, paper_table2,
+                        table2_markdown, with_paper_table2)
+    from .tasks import POOL_SIZE, TASK_ARRAYS, Task, cifar_task, fmnist_task, make_task
+    from .training import (YEOM_POINTS, Calls, Store, model_seeds, run_group, score_models,
+                           sides, trainer_digest)
+
+__getattr__, __dir__, _LAZY = lazy_attributes(globals())
 
 __all__ = ["ATTACKS", "DATASETS", "STATISTICS", "TRAIN_KEYS", "TASK_KEYS", "AUDIT_KEYS",
            "MADE_WITH_KEYS", "TASK_ARRAYS", "POOL_SIZE", "YEOM_POINTS", "Task", "make_task",
            "fmnist_task", "cifar_task", "sides", "model_seeds", "score_models", "run_group",
+           "Calls", "Store",
            "trainer_digest", "audit_scores", "summarize_cell", "COLUMNS", "ROC_LEVELS",
            "init_label", "init_name", "cell_path", "cell_file", "group_dir", "group_dirs",
            "TRAINED_DIR", "check_grid", "table_spec", "grid_cells", "groups", "grid_models",

@@ -20,6 +20,9 @@ AUDIT_KEYS = ("alpha", "delta", "select_frac")
 #: :data:`AUDIT_KEYS` (with its own grid, ``fig2`` or ``table2``): what its cells were
 #: trained with, which ``snakemake --report`` compares with the config its captions quote.
 MADE_WITH_KEYS = ("trials", "ks", "sampling", "clipbkd_d0", "matmul_precision", "datasets")
+#: Distance from the paper's value within which a Table 2 cell counts as reproduced
+#: (:mod:`.paper`; here, torch- and scipy-free, for ``jagielski-md --tolerance``'s default).
+PAPER_TOL = 0.5
 
 
 def init_label(value) -> str:

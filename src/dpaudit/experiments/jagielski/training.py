@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -83,7 +84,7 @@ def trainer_digest() -> str:
     from ...io import source_digest
 
     return source_digest(dpsgd, canaries, seeds, sides, model_seeds, score_models,
-                         run_group)
+                         run_group, _span_end, _train_span, _finished_block, _by_cell)
 
 
 def _block_rows(side: str, start: int, seeds_: list[int], cell: str, stats: dict) -> pd.DataFrame:
@@ -144,6 +145,43 @@ def _check_block(path: Path, table: pd.DataFrame, prov: dict, side: str, start: 
         raise BadInputFile(path, "a score or test accuracy is not a finite number")
 
 
+@dataclass(frozen=True)
+class Calls:
+    """How :func:`run_group` trains: trials in blocks of ``block`` (trials [0, block),
+    [block, 2 block), ...), ``per_call`` seeds per wide call (default
+    :func:`dpaudit.dpsgd.seeds_per_call`: as many as ``device``'s memory holds, a GPU being
+    shared by ``jobs_per_gpu`` jobs), at matmul ``precision``
+    (:func:`dpaudit.dpsgd.matmul_precision`); progress lines to ``log``, one per
+    ``every_s`` seconds at most."""
+
+    block: int = 100
+    device: Any = None
+    per_call: int | None = None
+    jobs_per_gpu: int = 1
+    precision: str = "fp32"
+    log: Callable[[str], None] | None = None
+    every_s: float = 15.0
+
+    def __post_init__(self):
+        per_call = self.per_call
+        if per_call is not None and (isinstance(per_call, bool) or int(per_call) != per_call
+                                     or per_call < 1):
+            raise ValueError(f"per_call={per_call!r}: must be an integer >= 1 or None")
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where :func:`run_group` keeps each finished block of a side: one table in ``folder``
+    (rows: cell, trial, seed, statistics; cell by cell, trial by trial) with provenance
+    ``key`` (what every cell shares: spec, seed, task, device, trainer) and each cell's
+    ``cell_keys`` entry (its noise, init; none by default). A block kept there with the same
+    key gives back the cells it holds with the same cell key."""
+
+    folder: Path
+    key: dict = field(default_factory=dict)
+    cell_keys: dict | None = None
+
+
 class _Block(NamedTuple):
     """One block of trials of one side in :func:`run_group`'s plan: its data set, its seeds
     (trials ``start`` to ``stop``), its file in the store, what is kept there and the cells
@@ -165,128 +203,181 @@ class _Block(NamedTuple):
         return self.start + len(self.seeds)
 
 
+class _Group(NamedTuple):
+    """What :func:`run_group` trains (its arguments), for its steps."""
+
+    task: Task
+    attack: str
+    model: dpsgd.ModelSpec
+    cells: dict[str, dpsgd.DPSGDConfig]
+    init: dpsgd.Params | None
+    store: Store | None
+    cell_keys: dict[str, dict]
+
+
 def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
               cells: dict[str, dpsgd.DPSGDConfig], ks, trials: int, seed: int,
               name: tuple[str, str], init: dpsgd.Params | None = None,
-              clipbkd_d0: str = "flipped", block: int = 100, device=None,
-              log: Callable[[str], None] | None = None, store=None, key: dict | None = None,
-              cell_keys: dict[str, dict] | None = None,
-              on_trained: Callable[[str, int, dict], None] | None = None,
-              every_s: float = 15.0, precision: str = "fp32", jobs_per_gpu: int = 1,
-              per_call: int | None = None) -> dict[str, pd.DataFrame]:
+              clipbkd_d0: str = "flipped", *, calls: Calls = Calls(),
+              store: Store | None = None,
+              on_trained: Callable[[str, int, dict], None] | None = None
+              ) -> dict[str, pd.DataFrame]:
     """Train and score every cell of a group (one column per cell) on each side of
-    ``attack``, ``trials`` models per side and cell.
+    ``attack`` (:func:`sides` with ``ks`` and ``clipbkd_d0``), ``trials`` models per side
+    and cell, as ``calls`` says.
 
     ``cells``: {cell id: its DPSGDConfig} (they share epochs, batch size, lr and
     sampling). ``name = (dataset, arch)`` keys the model seeds (:func:`model_seeds`): a
     trial's seed is the same in every cell, so one wide call (:func:`dpaudit.dpsgd.train`)
-    trains all of them on one gather of each batch. Trials go in blocks of ``block``
-    (trials [0, block), [block, 2 block), ...); with ``store`` (a folder), each finished
-    block of a side is written there as one table (rows: cell, trial, seed, statistics;
-    cell by cell, trial by trial) with provenance ``key`` (what every cell shares: spec,
-    seed, task, device, trainer) and each cell's ``cell_keys`` entry (its noise, init), and
-    a block kept there with the same key gives back the cells it holds with the same cell
-    key: a rerun trains only the missing cells of each block, an interrupted job loses at
-    most the blocks of the call it was in. ``on_trained(side, start, {cell: Params})`` sees
-    every trained call's models.
+    trains all of them on one gather of each batch. With ``store``, each finished block of
+    a side is kept there (:class:`Store`), and a rerun trains only the missing cells of
+    each block: an interrupted job loses at most the blocks of the call it was in.
+    ``on_trained(side, start, {cell: Params})`` sees every trained call's models (and
+    nothing is restored then).
 
-    Calls: the blocks of a side that lack the same cells are trained together, ``per_call``
-    seeds per call (default :func:`dpaudit.dpsgd.seeds_per_call`: as many as the device's
-    memory holds, a GPU being shared by ``jobs_per_gpu`` jobs), a call spanning several
-    blocks or part of one. With "shuffle" sampling and gathered batches every model is the
-    same bit for bit whatever the calls (a seed's batches and draws are its own, and each
-    model's products are computed alone); "poisson" pads each step's batches to the call's
-    largest, which changes the float summation order, and a step on shared data
-    (:func:`dpaudit.dpsgd.sampling.shares_data`) computes every model of the call in one
-    product, whose kernel a GPU may choose by its size: there a call never spans two blocks
-    (as the blocks' layout, kept in the restore key, fixes them). ``precision``: the matmul
-    precision of training (:func:`dpaudit.dpsgd.matmul_precision`).
+    Calls: the blocks of a side that lack the same cells are trained together, a call
+    spanning several blocks or part of one. With "shuffle" sampling and gathered batches
+    every model is the same bit for bit whatever the calls (a seed's batches and draws are
+    its own, and each model's products are computed alone); "poisson" pads each step's
+    batches to the call's largest, which changes the float summation order, and a step on
+    shared data (:func:`dpaudit.dpsgd.sampling.shares_data`) computes every model of the
+    call in one product, whose kernel a GPU may choose by its size: there a call never
+    spans two blocks (as the blocks' layout, kept in the restore key, fixes them).
 
     Returns {cell id: one row per model: side, label, k, trial, seed, the statistics and
     the test accuracy}.
     """
-    from ...io import write_table
-
-    say = log or (lambda msg: None)
-    cell_keys = cell_keys or {c: {} for c in cells}
-    if per_call is not None and (isinstance(per_call, bool) or int(per_call) != per_call
-                                 or per_call < 1):
-        raise ValueError(f"per_call={per_call!r}: must be an integer >= 1 or None")
+    say = calls.log or (lambda msg: None)
+    group = _Group(task, attack, model, cells, init, store,
+                   (store and store.cell_keys) or {c: {} for c in cells})
     plan: list[_Block] = []
     for side, label, k, (X, y) in sides(task, attack, ks, clipbkd_d0):
         X, y = torch.as_tensor(X), torch.as_tensor(y)  # once per side, for all its blocks
         side_seeds = model_seeds(seed, *name, attack, side, trials)
-        for start in range(0, trials, block):
-            stop = min(start + block, trials)
-            path = None if store is None else Path(store) / f"{side}_{start:06d}-{stop:06d}.csv"
-            kept = pd.DataFrame() if path is None or on_trained is not None \
-                else _kept(path, key or {}, cell_keys, side, start, side_seeds[start:stop],
-                           attack, say)
-            todo = [c for c in cells if kept.empty or c not in set(kept.cell)]
-            plan.append(_Block(side, label, k, X, y, side_seeds[start:stop], start, path, kept,
-                               todo))
+        for start in range(0, trials, calls.block):
+            plan.append(_planned(group, side, label, k, X, y,
+                                 side_seeds[start:start + calls.block], start,
+                                 on_trained is None, say))
     total = sum(len(p.seeds) * len(p.todo) for p in plan)
     restored = sum(len(p.seeds) * len(cells) for p in plan) - total
     say(f"{attack}: {len(cells)} cells x {len(plan)} blocks of trials: {restored} models "
         f"restored, {total} to train")
     tables: list[pd.DataFrame | None] = [None] * len(plan)
-    done, t0 = 0, time.perf_counter()
-    last = t0
+    progress = _Progress(attack, total, calls.every_s, say)
     i = 0
     while i < len(plan):
-        side, X, y, first, todo = (plan[i].side, plan[i].X, plan[i].y, plan[i].start,
-                                   plan[i].todo)
-        j = i + 1
-        if not todo:
+        j = _span_end(group, plan, i)
+        if not plan[i].todo:
             tables[i] = plan[i].kept.drop(columns="_key")
-            i = j
-            continue
-        cfgs = [cells[c] for c in todo]
-        # Spanning blocks keeps every model the same bit for bit only where each model's
-        # products are its own: gathered batches of fixed size.
-        span = cfgs[0].sampling == "shuffle" and not dpsgd.sampling.shares_data(
-            model, cfgs[0], len(X), len(todo))
-        while span and j < len(plan) and plan[j].side == side and plan[j].todo == todo:
-            j += 1
-        run_seeds = [s for p in plan[i:j] for s in p.seeds]
-        K = per_call or dpsgd.seeds_per_call(model, len(X), cfgs[0], len(todo), device,
-                                             limit=len(run_seeds), jobs_per_gpu=jobs_per_gpu)
-        scored, pending = [], list(range(i, j))
-        for at in range(0, len(run_seeds), K):
-            chunk = run_seeds[at:at + K]
-            with dpsgd.matmul_precision(precision):
-                trained = dpsgd.train(X, y, model, cfgs, chunk, init=init, device=device)
-            if on_trained is not None:
-                on_trained(side, first + at, dict(zip(todo, trained)))
-            scored += [_block_rows(side, first + at, chunk, c,
-                                   score_models(p, model, task, attack))
-                       for c, p in zip(todo, trained)]
-            trained_to = first + at + len(chunk)  # trials [first, trained_to) are scored
-            while pending and plan[pending[0]].stop <= trained_to:
-                b = pending.pop(0)
-                blk = plan[b]
-                rows = pd.concat(scored, ignore_index=True)
-                mine = rows.trial.between(blk.start, blk.stop - 1)
-                order = rows[mine].assign(_c=rows.cell.map(todo.index)).sort_values(
-                    ["_c", "trial"], kind="stable").drop(columns="_c")
-                table = pd.concat(([blk.kept.drop(columns="_key")] if not blk.kept.empty
-                                   else []) + [order], ignore_index=True)
-                scored = [rows[~mine]]
-                if blk.path is not None:
-                    held = {c: cell_keys[c] for c in todo}
-                    if not blk.kept.empty:
-                        held = {**dict(zip(blk.kept.cell, blk.kept._key)), **held}
-                    write_table(table, blk.path, {"key": key or {}, "cells": held,
-                                                  "side": side, "trials": [blk.start, blk.stop]})
-                tables[b] = table
-                done += len(blk.seeds) * len(todo)
-                now = time.perf_counter()
-                if now - last >= every_s or done == total:
-                    last, rate = now, done / max(now - t0, 1e-9)
-                    say(f"{attack} side {side}, trials {blk.start}-{blk.stop - 1}: "
-                        f"{done}/{total} models, {rate:.2f} models/s, about "
-                        f"{(total - done) / rate:.0f} s left")
+        else:
+            _train_span(group, plan, i, j, calls, on_trained, tables, progress)
         i = j
+    return _by_cell(plan, tables, cells)
+
+
+def _planned(group: _Group, side: str, label: int, k: int, X, y, block_seeds: list[int],
+             start: int, restore: bool, say: Callable[[str], None]) -> _Block:
+    """One block of a side: its file in the store, what is kept there (if ``restore``) and
+    the cells still to train."""
+    stop = start + len(block_seeds)
+    path = None if group.store is None \
+        else Path(group.store.folder) / f"{side}_{start:06d}-{stop:06d}.csv"
+    kept = pd.DataFrame() if path is None or not restore \
+        else _kept(path, group.store.key, group.cell_keys, side, start, block_seeds,
+                   group.attack, say)
+    todo = [c for c in group.cells if kept.empty or c not in set(kept.cell)]
+    return _Block(side, label, k, X, y, block_seeds, start, path, kept, todo)
+
+
+def _span_end(group: _Group, plan: list[_Block], i: int) -> int:
+    """The end of the blocks that one run of calls trains from block ``i``: the next block
+    only where spanning keeps every model the same bit for bit, i.e. where each model's
+    products are its own (gathered batches of fixed size), and the blocks share their side
+    and the cells to train."""
+    first = plan[i]
+    if not first.todo:
+        return i + 1
+    cfg = group.cells[first.todo[0]]
+    span = cfg.sampling == "shuffle" and not dpsgd.sampling.shares_data(
+        group.model, cfg, len(first.X), len(first.todo))
+    j = i + 1
+    while span and j < len(plan) and plan[j].side == first.side and plan[j].todo == first.todo:
+        j += 1
+    return j
+
+
+class _Progress:
+    """Models trained of ``total``, said at most every ``every_s`` seconds and at the end."""
+
+    def __init__(self, attack: str, total: int, every_s: float, say: Callable[[str], None]):
+        self.attack, self.total, self.every_s, self.say = attack, total, every_s, say
+        self.done, self.t0 = 0, time.perf_counter()
+        self.last = self.t0
+
+    def block_done(self, blk: _Block, models: int) -> None:
+        self.done += models
+        now = time.perf_counter()
+        if now - self.last >= self.every_s or self.done == self.total:
+            self.last, rate = now, self.done / max(now - self.t0, 1e-9)
+            self.say(f"{self.attack} side {blk.side}, trials {blk.start}-{blk.stop - 1}: "
+                     f"{self.done}/{self.total} models, {rate:.2f} models/s, about "
+                     f"{(self.total - self.done) / rate:.0f} s left")
+
+
+def _train_span(group: _Group, plan: list[_Block], i: int, j: int, calls: Calls,
+                on_trained, tables: list, progress: _Progress) -> None:
+    """Train the cells to train of blocks ``i`` to ``j`` (one side), ``calls.per_call``
+    seeds per call, and fill each block's table (kept and written to the store) as soon as
+    its trials are scored."""
+    model, todo = group.model, plan[i].todo
+    side, X, y, first = plan[i].side, plan[i].X, plan[i].y, plan[i].start
+    cfgs = [group.cells[c] for c in todo]
+    run_seeds = [s for p in plan[i:j] for s in p.seeds]
+    K = calls.per_call or dpsgd.seeds_per_call(model, len(X), cfgs[0], len(todo),
+                                               calls.device, limit=len(run_seeds),
+                                               jobs_per_gpu=calls.jobs_per_gpu)
+    scored, pending = [], list(range(i, j))
+    for at in range(0, len(run_seeds), K):
+        chunk = run_seeds[at:at + K]
+        with dpsgd.matmul_precision(calls.precision):
+            trained = dpsgd.train(X, y, model, cfgs, chunk, init=group.init,
+                                  device=calls.device)
+        if on_trained is not None:
+            on_trained(side, first + at, dict(zip(todo, trained)))
+        scored += [_block_rows(side, first + at, chunk, c,
+                               score_models(p, model, group.task, group.attack))
+                   for c, p in zip(todo, trained)]
+        trained_to = first + at + len(chunk)  # trials [first, trained_to) are scored
+        while pending and plan[pending[0]].stop <= trained_to:
+            b = pending.pop(0)
+            rows = pd.concat(scored, ignore_index=True)
+            mine = rows.trial.between(plan[b].start, plan[b].stop - 1)
+            tables[b] = _finished_block(group, plan[b], rows[mine])
+            scored = [rows[~mine]]
+            progress.block_done(plan[b], len(plan[b].seeds) * len(todo))
+
+
+def _finished_block(group: _Group, blk: _Block, rows: pd.DataFrame) -> pd.DataFrame:
+    """A block's table: what was kept, then its newly scored ``rows`` cell by cell, trial
+    by trial; written to the store (its provenance: the key and every cell's key) if one."""
+    from ...io import write_table
+
+    order = rows.assign(_c=rows.cell.map(blk.todo.index)).sort_values(
+        ["_c", "trial"], kind="stable").drop(columns="_c")
+    table = pd.concat(([blk.kept.drop(columns="_key")] if not blk.kept.empty else [])
+                      + [order], ignore_index=True)
+    if blk.path is not None:
+        held = {c: group.cell_keys[c] for c in blk.todo}
+        if not blk.kept.empty:
+            held = {**dict(zip(blk.kept.cell, blk.kept._key)), **held}
+        write_table(table, blk.path, {"key": group.store.key, "cells": held,
+                                      "side": blk.side, "trials": [blk.start, blk.stop]})
+    return table
+
+
+def _by_cell(plan: list[_Block], tables: list[pd.DataFrame],
+             cells: dict) -> dict[str, pd.DataFrame]:
+    """{cell id: its rows of every block, with each block's label and k}."""
     out: dict[str, list] = {c: [] for c in cells}
     for p, table in zip(plan, tables):
         for c in cells:

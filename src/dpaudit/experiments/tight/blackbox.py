@@ -33,15 +33,16 @@ GDP ``mu_lb`` at the same split; ``eps_lb_gdp`` (the eps of ``mu_lb``) is an est
 from __future__ import annotations
 
 import math
+import sys
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
-from ... import accounting, bounds, dpsgd, seeds
-from ...device import resolve
+from ... import accounting, bounds, dpsgd, seeds, trials
+from ...device import reproduce_key, resolve
+from ...io import array_digest, source_digest
 from .. import jagielski
 
 #: Initial parameters: ``worst-case`` (the auditor's pre-trained model, every run),
@@ -197,20 +198,14 @@ def trainer_digest() -> str:
     """SHA-256 of the code that turns a run's seed into its score (the trainer, the seed
     derivation, the trials loop and this module): kept batches of runs are reused only
     under the same digest."""
-    import sys
-
-    from ... import trials
-    from ...io import source_digest
-
     return source_digest(dpsgd, seeds, trials, sys.modules[__name__])
 
 
 def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs: int,
           seed: int, inits: tuple[str, ...] = INITS, canary_kind: str = "blank",
           n_aux: int | None = None, n: int | None = None, alpha: float = 0.05,
-          delta: float = 1e-5, pretrain: dict | None = None, per_call: int | None = None,
-          device=None, log: Callable[[str], None] | None = None, store=None,
-          what: str = "") -> list[dict]:
+          delta: float = 1e-5, pretrain: dict | None = None,
+          execution: trials.Execution = trials.Execution()) -> list[dict]:
     """The black-box audit: ``runs`` models per side (D0 = the audited rows, D1 = them plus
     the canary) for every init of ``inits``. Returns one row per init and bound kind
     (certified Clopper-Pearson, then the GDP estimate), each with ``method``,
@@ -219,29 +214,15 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     (the evaluation half), and what they were trained with. ``models_per_s``: training
     speed of the runs trained here (both sides, every init; NaN if all were restored).
 
-    ``log``: progress lines (:func:`dpaudit.trials.run`, prefixed ``what``). ``store`` (a
-    folder): each block's runs (:func:`dpaudit.dpsgd.seeds_per_block`, ``per_call`` if
-    given) are kept there under a key of everything they depend on (the audited rows, the
-    canary, the initial model, the set-up, the trainer code, the device kind) and a rerun
-    restores them (checked: key, trials, seeds, columns, content hash) and trains the
-    rest."""
-    from dataclasses import asdict
-
-    from ... import trials
-    from ...device import reproduce_key
-    from ...io import array_digest
-
+    ``execution``: where the runs train and what is said (:func:`dpaudit.trials.run`);
+    with its ``store`` (a folder), each block's runs (:func:`dpaudit.dpsgd.seeds_per_block`,
+    ``per_call`` if given) are kept there under a key of everything they depend on (the
+    audited rows, the canary, the initial model, the set-up, the trainer code, the device
+    kind) and a rerun restores them (checked: key, trials, seeds, columns, content hash)
+    and trains the rest."""
     inits = tuple(inits)
-    if not inits or any(i not in INITS for i in inits) or len(set(inits)) != len(inits):
-        raise ValueError(f"inits={inits!r}: must be distinct names from {INITS}")
-    if isinstance(runs, bool) or int(runs) != runs or runs < 4:
-        raise ValueError(f"runs={runs!r}: must be an integer >= 4 (per side; half choose "
-                         f"the threshold, half evaluate it)")
-    if canary_kind not in CANARIES:
-        raise ValueError(f"canary kind={canary_kind!r}: must be one of {CANARIES}")
-    if not isinstance(setting, FullBatch):
-        raise ValueError(f"setting: must be a FullBatch, not {type(setting).__name__}")
-    dev = resolve(device)
+    _check_audit(inits, runs, canary_kind, setting)
+    per_call, dev = execution.per_call, resolve(execution.device)
     (X_aux, _), (X0, y0) = split(task, n_aux, n)
     t0 = time.perf_counter()
     start = worst_case_init(task, model, seed, len(X_aux), pretrain, dev)
@@ -265,7 +246,7 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
         return got
 
     # The initial model's digest covers its pre-training; the canary is in the data's.
-    key = None if store is None else {
+    key = None if execution.store is None else {
         "audit": "tight-blackbox", "model": asdict(model), "setting": asdict(setting),
         "inits": list(inits), "seed": int(seed), "init_sha256": start.digest(),
         "data_sha256": array_digest({"X0": X0, "y0": y0, "x_c": x_c, "y_c": np.int64(y_c)}),
@@ -273,7 +254,8 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     sides = [trials.Side(side, seeds.int_seeds(runs, seed, f"tight/blackbox/{side}"))
              for side in data]
     block = per_call or dpsgd.seeds_per_block(len(inits), dev, runs)
-    table = trials.run(sides, train_score, block, log, what, store=store, key=key)
+    table = trials.run(sides, train_score, block, execution.log, execution.what,
+                       store=execution.store, key=key)
     scores = {side: {i: table.loc[table.side == side, i].to_numpy() for i in inits}
               for side in data}
     speed = trained["models"] / trained["s"] if trained["models"] else math.nan
@@ -289,6 +271,19 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
         rows.append({"method": _method(i), "init": i, **common, **certified})
         rows.append({"method": _method(i) + "-gdp", "init": i, **common, **gdp})
     return rows
+
+
+def _check_audit(inits: tuple[str, ...], runs: int, canary_kind: str, setting) -> None:
+    """ValueError, naming the argument, unless :func:`audit` can run with these."""
+    if not inits or any(i not in INITS for i in inits) or len(set(inits)) != len(inits):
+        raise ValueError(f"inits={inits!r}: must be distinct names from {INITS}")
+    if isinstance(runs, bool) or int(runs) != runs or runs < 4:
+        raise ValueError(f"runs={runs!r}: must be an integer >= 4 (per side; half choose "
+                         f"the threshold, half evaluate it)")
+    if canary_kind not in CANARIES:
+        raise ValueError(f"canary kind={canary_kind!r}: must be one of {CANARIES}")
+    if not isinstance(setting, FullBatch):
+        raise ValueError(f"setting: must be a FullBatch, not {type(setting).__name__}")
 
 
 def blackbox_noise(label: str, steps: int, delta: float) -> float:

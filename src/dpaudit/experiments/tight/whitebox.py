@@ -48,12 +48,11 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Callable
 
 import numpy as np
 import torch
 
-from ... import bounds, dpsgd, seeds
+from ... import bounds, dpsgd, seeds, trials
 from ..onerun import quiet_coordinates
 
 #: Each method's score and the threat model it needs (module docstring).
@@ -91,7 +90,6 @@ def trainer_digest() -> str:
     runs are reused only under the same digest."""
     import sys
 
-    from ... import trials
     from ...io import source_digest
 
     return source_digest(dpsgd, seeds, trials, quiet_coordinates, sys.modules[__name__])
@@ -114,21 +112,19 @@ def store_key(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, seed: int,
 
 
 def whitebox_scores(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int,
-                    seed: int, init: dpsgd.Params | None = None, device=None,
-                    per_call: int | None = None, log: Callable[[str], None] | None = None,
-                    store=None, what: str = "", mates: float = 0.0) -> dict:
+                    seed: int, init: dpsgd.Params | None = None, mates: float = 0.0,
+                    execution: trials.Execution = trials.Execution()) -> dict:
     """Train ``runs`` models per side on ``(X, y)`` by DP-SGD (``cfg``), the canary
     (:func:`canary`) inserted on the ``"in"`` side (with crafted batch ``mates``,
     :class:`dpaudit.dpsgd.GradientCanaries`); both sides' runs share the wide calls,
-    ``per_call`` models each (default :func:`dpaudit.dpsgd.seeds_per_call` within blocks of
-    :func:`dpaudit.dpsgd.seeds_per_block`), and a run's draws depend on its seed alone.
-    Returns ``{side: {score: (runs,) float64}}`` with scores ``"llr"`` (None without noise,
-    where it is undefined) and ``"dot_sum"`` (module docstring). ``log``: progress lines
-    (:func:`dpaudit.trials.run`, prefixed ``what``). ``store`` (a folder): each block's
-    runs are kept there under :func:`store_key` and a rerun restores them (checked: key,
-    trials, seeds, columns, content hash) and trains the rest."""
-    from ... import trials
-
+    ``execution.per_call`` models each (default :func:`dpaudit.dpsgd.seeds_per_call` within
+    blocks of :func:`dpaudit.dpsgd.seeds_per_block`), and a run's draws depend on its seed
+    alone. Returns ``{side: {score: (runs,) float64}}`` with scores ``"llr"`` (None without
+    noise, where it is undefined) and ``"dot_sum"`` (module docstring). With
+    ``execution.store`` (a folder), each block's runs are kept there under
+    :func:`store_key` and a rerun restores them (checked: key, trials, seeds, columns,
+    content hash) and trains the rest."""
+    device, per_call, store = execution.device, execution.per_call, execution.store
     X, y = torch.as_tensor(X), torch.as_tensor(y)
     sides = run_seeds(runs, seed, model.arch)
     # Sides alternate (run r of "in" at 2r, of "out" at 2r + 1), so every call trains both
@@ -156,8 +152,8 @@ def whitebox_scores(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: 
 
     key = None if store is None else store_key(X, y, model, cfg, seed, init, device, mates)
     block = per_call or dpsgd.seeds_per_block(1, device, len(all_seeds))
-    table = trials.run([trials.Side("in/out", all_seeds)], train_score, int(block), log, what,
-                       store=store, key=key)
+    table = trials.run([trials.Side("in/out", all_seeds)], train_score, int(block),
+                       execution.log, execution.what, store=store, key=key)
     return {side: {"llr": table.llr.to_numpy()[part] if "llr" in table else None,
                    "dot_sum": table.dot_sum.to_numpy()[part]}
             for side, part in (("in", slice(0, None, 2)), ("out", slice(1, None, 2)))}
@@ -176,6 +172,22 @@ def audit_scores(pos, neg, alpha: float, delta: float, select_frac: float = 0.5)
             "auc": bounds.auc(halves[2], halves[3]), "threshold": cp.threshold,
             "ct_eval_pos": cp.ct_pos, "n_eval_pos": cp.n_pos, "ct_eval_neg": cp.ct_neg,
             "n_eval_neg": cp.n_neg}
+
+
+def method_rows(scores: dict, runs: int, alpha: float, delta: float,
+                select_frac: float = 0.5) -> list[dict]:
+    """One row per method of :data:`METHODS` whose score :func:`whitebox_scores` gave (only
+    ``whitebox-dot-sum`` without noise): ``method``, ``threat_model``, ``eps_lb``,
+    ``certified``, ``runs`` (per side) and the rest of :func:`audit_scores`."""
+    rows = []
+    for method, key in (("whitebox-llr", "llr"), ("whitebox-dot-sum", "dot_sum")):
+        if scores["in"][key] is None:
+            continue
+        stats = audit_scores(scores["in"][key], scores["out"][key], alpha, delta, select_frac)
+        rows.append({"method": method, "threat_model": METHODS[method],
+                     "eps_lb": stats.pop("eps_lb"), "certified": stats.pop("certified"),
+                     "runs": int(runs), **stats})
+    return rows
 
 
 def theoretical_eps(cfg: dpsgd.DPSGDConfig, n: int, delta: float) -> tuple[float, float]:
@@ -201,21 +213,20 @@ def hidden_cell(model: dpsgd.ModelSpec) -> str:
 
 def audit(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int, seed: int,
           alpha: float, delta: float, select_frac: float = 0.5,
-          init: dpsgd.Params | None = None, device=None, per_call: int | None = None,
-          log: Callable[[str], None] | None = None, store=None, what: str = "") -> list[dict]:
+          init: dpsgd.Params | None = None,
+          execution: trials.Execution = trials.Execution()) -> list[dict]:
     """The white-box audit of DP-SGD ``cfg`` on ``(X, y)``: one row (dict) per method of
     :data:`METHODS` (only ``whitebox-dot-sum`` without noise), with the set-up, the
     theoretical eps of the add/remove relation (``eps_th`` PLD, ``eps_rdp``; ``inf``
     without noise) and the bounds of :func:`audit_scores`; ``eps_lb_ratio`` = eps_lb /
     eps_th, how tight the audit is. The arguments are checked before any training;
-    ``log``, ``store`` and ``what`` as in :func:`whitebox_scores`."""
+    ``execution`` as in :func:`whitebox_scores`."""
     for name, value in (("alpha", alpha), ("select_frac", select_frac)):
         if not isinstance(value, (int, float)) or not 0 < value < 1:
             raise ValueError(f"{name}={value!r}: must be in (0, 1)")
     if not isinstance(delta, (int, float)) or not 0 <= delta < 1:
         raise ValueError(f"delta={delta!r}: must be in [0, 1)")
-    scores = whitebox_scores(X, y, model, cfg, runs, seed, init, device, per_call, log,
-                             store, what)
+    scores = whitebox_scores(X, y, model, cfg, runs, seed, init, execution=execution)
     n = len(X)
     eps_th, eps_rdp = theoretical_eps(cfg, n, delta)
     setup = {"eps_rdp": eps_rdp, "arch": model.arch, "hidden": hidden_cell(model), "n": n,
@@ -224,17 +235,13 @@ def audit(X, y, model: dpsgd.ModelSpec, cfg: dpsgd.DPSGDConfig, runs: int, seed:
              "init": cfg.init, "alpha": float(alpha), "delta": float(delta),
              "select_frac": float(select_frac), "seed": int(seed)}
     rows = []
-    for method, key in (("whitebox-llr", "llr"), ("whitebox-dot-sum", "dot_sum")):
-        if scores["in"][key] is None:
-            continue
-        stats = audit_scores(scores["in"][key], scores["out"][key], alpha, delta, select_frac)
-        rows.append({"method": method, "threat_model": METHODS[method], "relation": RELATION,
-                     "eps_th": eps_th, "eps_lb": stats.pop("eps_lb"),
-                     "certified": stats.pop("certified"), "runs": int(runs), **stats,
-                     **setup})
+    for row in method_rows(scores, runs, alpha, delta, select_frac):
+        rows.append({"method": row.pop("method"), "threat_model": row.pop("threat_model"),
+                     "relation": RELATION, "eps_th": eps_th, **row, **setup})
         rows[-1]["eps_lb_ratio"] = rows[-1]["eps_lb"] / eps_th  # 0 where eps_th is inf
     return rows
 
 
 __all__ = ["METHODS", "RELATION", "canary", "run_seeds", "trainer_digest", "store_key",
-           "whitebox_scores", "audit_scores", "theoretical_eps", "hidden_cell", "audit"]
+           "whitebox_scores", "audit_scores", "method_rows", "theoretical_eps", "hidden_cell",
+           "audit"]
