@@ -290,7 +290,6 @@ OVER_LIMITS = {
     "experiments/tight/blackbox.py:audit": (70, 13),
     "experiments/tramer/audit.py:audit_implementation": (169, 26),
     "experiments/tramer/modes.py:audit_whitebox": (98, 20),
-    "plots/onerun.py:plot_onerun": (98, 3),
     "testing.py:assert_private": (57, 16),
     "adapters/opacus.py:OpacusTrainer.__init__": (49, 13),
 }

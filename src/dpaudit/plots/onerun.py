@@ -63,51 +63,10 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
         th = sub.groupby(["canary", "eps_label"]).eps_pld.first()
         finite = th[np.isfinite(th)]
         top = float(finite.max()) if len(finite) else 1.0
-        # eps by PLD as labelled diamonds on a dotted line: a value to read, not a tick
-        for canary, mfc, side in (("dirac", "#555555", 1), ("input", "none", -1)):
-            if canary not in th.index.get_level_values(0):
-                continue
-            t = th[canary]
-            order = np.argsort([x[e] for e in t.index])
-            xs = np.array([x[e] for e in t.index])[order]
-            ys = t.where(np.isfinite(t)).to_numpy()[order]
-            ax.plot(xs, ys, "D:", color="#555555", mfc=mfc, ms=5, lw=1, zorder=1,
-                    label=f"eps by PLD, {canary} canaries (none without noise)")
-            for xi, yi in zip(xs, ys):
-                if np.isfinite(yi):
-                    ax.annotate(f"{yi:.3g}", (xi, yi), xytext=(6 * side, 0),
-                                textcoords="offset points", va="center", fontsize=7,
-                                ha="left" if side > 0 else "right", color="#555555")
-        for (canary, threat), (name, color) in LINES.items():
-            g = sub[(sub.canary == canary) & (sub.threat_model == threat)]
-            if g.empty:
-                continue
-            a = g.groupby("eps_label").agg(fdp=("eps_lb_fdp", "mean"),
-                                           lo=("eps_lb_fdp", "min"), hi=("eps_lb_fdp", "max"),
-                                           snj=("eps_lb", "mean"))
-            xs = [x[e] for e in a.index]
-            order = np.argsort(xs)
-            xs = np.array(xs)[order]
-            at_inf = np.array([e == "inf" for e in a.index])[order]
-            for part in (~at_inf, at_inf):  # no band from a finite label to inf
-                ax.fill_between(xs[part], a.lo.to_numpy()[order][part],
-                                a.hi.to_numpy()[order][part], color=color, alpha=0.15, lw=0)
-            # markers on the x axis drawn whole (clip_on): a bound of 0 is common
-            broken_plot(ax, xs, a.fdp.to_numpy()[order], at_inf, marker="o", ls="-",
-                        color=color, clip_on=False, zorder=4,  # over the dashed ones
-                        label=f"{name}: f-DP bound (mean of per-run 95% bounds, min-max band)")
-            broken_plot(ax, xs, a.snj.to_numpy()[order], at_inf, marker="o", ls="--",
-                        mfc="none", lw=1, color=color, alpha=0.8, clip_on=False, zorder=3,
-                        label=f"{name}: Steinke et al. bound (mean of per-run 95%)")
+        _pld_diamonds(ax, th, x)
+        _one_run_lines(ax, sub, x)
         if mm is not None:
-            m = mm[(mm.arch == arch) & mm.eps_label.isin(labels)]
-            if not m.empty:
-                xs = [x[e] for e in m.eps_label]
-                ax.plot(xs, m.eps_lb, "s", color="black", ms=6,
-                        label=f"many-model ClipBKD ({int(m.trials.max())} models per side "
-                              "and k): 99% bound")
-                ax.plot(xs, m.eps_lb_best_k, "s", mfc="none", color="#7f7f7f", ms=7,
-                        label="many-model ClipBKD: best over k (not a 99% bound)")
+            _many_model_points(ax, mm[(mm.arch == arch) & mm.eps_label.isin(labels)], x)
         ax.set_xticks(range(len(labels)), labels)
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.05 * top))
         first = sub.iloc[0]
@@ -126,3 +85,61 @@ def plot_onerun(table: str | os.PathLike, out: str | os.PathLike,
                        + ("; each many-model bound from (1 + len(ks)) x trials models"
                           if mm is not None else ""))
     save(fig, out)
+
+
+def _pld_diamonds(ax, th, x: dict) -> None:
+    """eps by PLD of each canary type (``th``: by canary and label) as labelled diamonds on a
+    dotted line: a value to read, not a tick."""
+    for canary, mfc, side in (("dirac", "#555555", 1), ("input", "none", -1)):
+        if canary not in th.index.get_level_values(0):
+            continue
+        t = th[canary]
+        order = np.argsort([x[e] for e in t.index])
+        xs = np.array([x[e] for e in t.index])[order]
+        ys = t.where(np.isfinite(t)).to_numpy()[order]
+        ax.plot(xs, ys, "D:", color="#555555", mfc=mfc, ms=5, lw=1, zorder=1,
+                label=f"eps by PLD, {canary} canaries (none without noise)")
+        for xi, yi in zip(xs, ys):
+            if np.isfinite(yi):
+                ax.annotate(f"{yi:.3g}", (xi, yi), xytext=(6 * side, 0),
+                            textcoords="offset points", va="center", fontsize=7,
+                            ha="left" if side > 0 else "right", color="#555555")
+
+
+def _one_run_lines(ax, sub, x: dict) -> None:
+    """Per canary type and threat model: the f-DP bound (solid, min-max band) and Steinke
+    et al.'s bound (dashed, hollow) over the labels at ``x``."""
+    for (canary, threat), (name, color) in LINES.items():
+        g = sub[(sub.canary == canary) & (sub.threat_model == threat)]
+        if g.empty:
+            continue
+        a = g.groupby("eps_label").agg(fdp=("eps_lb_fdp", "mean"),
+                                       lo=("eps_lb_fdp", "min"), hi=("eps_lb_fdp", "max"),
+                                       snj=("eps_lb", "mean"))
+        xs = [x[e] for e in a.index]
+        order = np.argsort(xs)
+        xs = np.array(xs)[order]
+        at_inf = np.array([e == "inf" for e in a.index])[order]
+        for part in (~at_inf, at_inf):  # no band from a finite label to inf
+            ax.fill_between(xs[part], a.lo.to_numpy()[order][part],
+                            a.hi.to_numpy()[order][part], color=color, alpha=0.15, lw=0)
+        # markers on the x axis drawn whole (clip_on): a bound of 0 is common
+        broken_plot(ax, xs, a.fdp.to_numpy()[order], at_inf, marker="o", ls="-",
+                    color=color, clip_on=False, zorder=4,  # over the dashed ones
+                    label=f"{name}: f-DP bound (mean of per-run 95% bounds, min-max band)")
+        broken_plot(ax, xs, a.snj.to_numpy()[order], at_inf, marker="o", ls="--",
+                    mfc="none", lw=1, color=color, alpha=0.8, clip_on=False, zorder=3,
+                    label=f"{name}: Steinke et al. bound (mean of per-run 95%)")
+
+
+def _many_model_points(ax, m, x: dict) -> None:
+    """The many-model audit's certified ClipBKD bound (black squares) and its best over k
+    (hollow grey) at the labels of ``m``, the panel's rows."""
+    if m.empty:
+        return
+    xs = [x[e] for e in m.eps_label]
+    ax.plot(xs, m.eps_lb, "s", color="black", ms=6,
+            label=f"many-model ClipBKD ({int(m.trials.max())} models per side "
+                  "and k): 99% bound")
+    ax.plot(xs, m.eps_lb_best_k, "s", mfc="none", color="#7f7f7f", ms=7,
+            label="many-model ClipBKD: best over k (not a 99% bound)")
