@@ -5,7 +5,7 @@ clips it, the numbers against closed forms and Opacus' own accountant."""
 
 from __future__ import annotations
 
-import math
+import json
 
 import pytest
 import torch
@@ -68,6 +68,10 @@ def test_black_box_correct_loop_claims_its_reported_eps_and_passes(tmp_path, mon
     assert (row.rows_without, row.rows_with, row.relation) == (N, N + 1, "add/remove")
     assert row.given_eps == 1.5 and "--eps 1.5 differs: recorded, not tested" in err
     assert row.claim_source == "reported by train"
+    runs = json.loads(row.measured)
+    assert [(r["rows"], r["q"], r["steps"], r["expected_batch_size"]) for r in runs] == \
+        [(N, 0.25, 8, 5), (N + 1, 0.2, 10, 4)]  # make_private's 1 / len(loader), floored
+    assert json.loads(row.measured_spec)["clip"] == cases.CLIP
     assert row.verdict == tramer.NO_VIOLATION and row.eps_lb < e0
     assert "profile test against correct DP-SGD at noise multiplier 3, q = 0.25, T = 8" in err
 

@@ -240,9 +240,9 @@ def serve(fn, X, y, request: dict, guard) -> dict:
     passed as ``canaries=`` (its CanaryRun's scores, llr and recorded insertions returned),
     or with ``request["method"]`` the value ``{"value": ...}`` of ``fn``'s method of that
     name, called as ``fn`` is (an adapter's set-up, e.g. :meth:`dpaudit.adapters.
-    opacus_loop.OpacusLoop.claim`). ``guard(call, fn, *args, **kwargs)`` makes each call of the user's code, named by
-    ``request["names"]`` (train's, predict's). Output that breaks the contract, and
-    arrays changed in place, raise :class:`Unauditable`."""
+    opacus_loop.OpacusLoop.claim`). ``guard(call, fn, *args, **kwargs)`` makes each call of
+    the user's code, named by ``request["names"]`` (train's, predict's). Output that
+    breaks the contract, and arrays changed in place, raise :class:`Unauditable`."""
     import torch
 
     train_name, predict_name = request["names"]

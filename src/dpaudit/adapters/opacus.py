@@ -1,4 +1,6 @@
-"""Opacus DP-SGD as a training function of the ``audit-impl`` contract, in all three modes.
+"""Opacus DP-SGD rebuilt by dpaudit, as a training function of the ``audit-impl`` contract,
+in all three modes: a reconstruction of ``make_private`` and of a training loop, not the
+user's own (:mod:`.opacus_loop` audits that, unmodified).
 
 :class:`OpacusTrainer` takes what a user gives ``PrivacyEngine.make_private``: a model
 factory, an optimizer factory, the noise multiplier (or a target epsilon),
@@ -217,9 +219,11 @@ class _Canary:
 
 
 class OpacusTrainer:
-    """An Opacus DP-SGD training, as a training function of ``dpaudit audit-impl`` in every
-    mode (the module docstring): ``train(X, y, seeds, spec, *, init=None, canaries=None)``
-    returns predict (logits ``(len(seeds), m, n_classes)``), or with ``canaries`` the runs'
+    """dpaudit's reconstruction of an Opacus ``make_private`` training (its own loop, its
+    own accounting; a user's loop: :class:`.opacus_loop.OpacusLoop`), as a training
+    function of ``dpaudit audit-impl`` in every mode (the module docstring): ``train(X, y,
+    seeds, spec, *, init=None, canaries=None)`` returns predict (logits ``(len(seeds), m,
+    n_classes)``), or with ``canaries`` the runs'
     :class:`dpaudit.dpsgd.CanaryRun`. It reads nothing from ``spec``.
 
     ``model_fn()``: a new ``nn.Module``; ``optimizer_fn(parameters)``: its optimizer (e.g.

@@ -314,7 +314,9 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
             row.update(claim_source="reported by train", reported_eps_n=loop["reported"][0],
                        reported_eps_n1=loop["reported"][1], rows_without=loop["rows"][0],
                        rows_with=loop["rows"][1], relation=loop["relation"],
-                       given_eps=math.nan if plan["eps"] is None else plan["eps"])
+                       given_eps=math.nan if plan["eps"] is None else plan["eps"],
+                       measured_spec=json.dumps(loop["spec"], sort_keys=True),
+                       measured=json.dumps(loop["measured"]))
         rows.append({"implementation": target, **row,
                      "min_runs": loop.get("min_runs", plan["min_runs"]), "n_train": n_train})
         losses.append(loss.assign(implementation=target))
@@ -334,11 +336,12 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
 def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int,
                prepare=None, **more):
     """:func:`dpaudit.experiments.tramer.audit_implementation` of one implementation of
-    ``plan`` (``more``: its keyword arguments of this implementation): a user's function in a worker process of its own (:class:`dpaudit.user_code.
-    Worker`, killed with its process group when the audit ends, however it ends); the
-    registry subjects, dpaudit's own code, here, where those of one spec train as columns
-    of the same calls. ``prepare(train_fn)``: in the worker, before the audit, (plan,
-    spec, more keyword arguments) of this implementation (--opacus-loop's claim)."""
+    ``plan`` (``more``: its keyword arguments of this implementation): a user's function
+    in a worker process of its own (:class:`dpaudit.user_code.Worker`, killed with its
+    process group when the audit ends, however it ends); the registry subjects, dpaudit's
+    own code, here, where those of one spec train as columns of the same calls.
+    ``prepare(train_fn)``: in the worker, before the audit, (plan, spec, more keyword
+    arguments) of this implementation (--opacus-loop's claim)."""
     import contextlib
 
     from .. import subjects, user_code
