@@ -176,3 +176,17 @@ def test_the_worker_process_path_is_one_line_and_exit_2(tmp_path, monkeypatch, c
         "seed) of the claim's runs on n and n + 1 rows ended its process with exit status 3 "
         "(e.g. os._exit(3)); a training function must return; no result written"], err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--train", "fixed"], "--eps (claimed epsilon): required (optional only with "
+                           "--opacus-loop"),
+    (["--train", "fixed", "--opacus-loop"], "--train fixed --opacus-loop: a registry subject"),
+    (["--train", "opacus_loop_cases:correct", "--opacus-loop", "--spec", '{"clip": 1}'],
+     '--spec {"clip": 1}: not with --opacus-loop'),
+])
+def test_bad_flags_are_refused_before_training(flags, line, tmp_path, capsys):
+    assert main(["audit-impl", "--delta", "1e-5", "--runs", "100", "--seed", "0", "--out",
+                 str(tmp_path / "a.csv"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line in err[0], err
