@@ -342,8 +342,9 @@ class OpacusLoop:
         else:
             profile = (f"the claim {eps:.4g} is below RDP's eps {rdp:.4g} at the n-row run's "
                        f"declared noise multiplier {sigma:.4g}, sample rate {a.q:.4g} and "
-                       f"{a.steps} steps (Opacus' PRV reports below RDP; dpaudit "
-                       f"opacus-check compares the report with the accountant)")
+                       f"{a.steps} steps (a report below the accountant's eps at the "
+                       f"training's own parameters, or Opacus' PRV, which reports below "
+                       f"RDP; dpaudit opacus-check compares them)")
 
         def measured(r):
             return {"rows": r.rows, "steps": r.steps, "q": r.q, "sampling": r.sampling,
