@@ -237,10 +237,12 @@ def serve(fn, X, y, request: dict, guard) -> dict:
     canary row ``request["insert"] = (x, label)`` appended), then, in the default modes,
     its predict on each of ``request["rows"]`` (the logits returned), or with
     ``request["canaries"]`` (directions, included, mates) a GradientCanaries built here and
-    passed as ``canaries=`` (its CanaryRun's scores, llr and recorded insertions returned).
-    ``guard(call, fn, *args, **kwargs)`` makes each call of the user's code, named by
-    ``request["names"]`` (train's, predict's). Output that breaks the contract, and
-    arrays changed in place, raise :class:`Unauditable`."""
+    passed as ``canaries=`` (its CanaryRun's scores, llr and recorded insertions returned),
+    or with ``request["method"]`` the value ``{"value": ...}`` of ``fn``'s method of that
+    name, called as ``fn`` is (an adapter's set-up, e.g. :meth:`dpaudit.adapters.
+    opacus_loop.OpacusLoop.claim`). ``guard(call, fn, *args, **kwargs)`` makes each call of
+    the user's code, named by ``request["names"]`` (train's, predict's). Output that
+    breaks the contract, and arrays changed in place, raise :class:`Unauditable`."""
     import torch
 
     train_name, predict_name = request["names"]
@@ -251,6 +253,15 @@ def serve(fn, X, y, request: dict, guard) -> dict:
     seeds, extra = list(request["seeds"]), dict(request.get("extra") or {})
     kept = {"X": X, "y": y}
     given = {"X": X.clone(), "y": y.clone()}
+    method = request.get("method")
+    if method is not None:  # an adapter's own method (e.g. OpacusLoop.claim): its value
+        out = guard(train_name, getattr(fn, method), given["X"], given["y"], list(seeds),
+                    request["spec"], **extra)
+        changed = _changed(given, kept)
+        if changed is not None:
+            raise Unauditable(f"{train_name} modified {changed} in place: the audit's data "
+                              "must stay as given (copy it before changing it)")
+        return {"value": out}
     canaries = request.get("canaries")
     if canaries is not None:
         from . import dpsgd

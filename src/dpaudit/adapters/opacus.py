@@ -1,4 +1,6 @@
-"""Opacus DP-SGD as a training function of the ``audit-impl`` contract, in all three modes.
+"""Opacus DP-SGD rebuilt by dpaudit, as a training function of the ``audit-impl`` contract,
+in all three modes: a reconstruction of ``make_private`` and of a training loop, not the
+user's own (:mod:`.opacus_loop` audits that, unmodified).
 
 :class:`OpacusTrainer` takes what a user gives ``PrivacyEngine.make_private``: a model
 factory, an optimizer factory, the noise multiplier (or a target epsilon),
@@ -120,6 +122,20 @@ def _load(linears: Sequence[nn.Linear], init: dpsgd.Params, spec: dpsgd.ModelSpe
             lin.bias.copy_(b[0])
 
 
+def _parts(directions: torch.Tensor, linears: Sequence[nn.Linear]) -> dict:
+    """The part of the canaries ``directions`` (m, P), in dpaudit's flat layout
+    (:func:`dpaudit.dpsgd.flatten`), of each nn.Linear tensor: {id(tensor): (m, *shape)},
+    weights transposed into nn.Linear's (out, in)."""
+    parts, off, m = {}, 0, len(directions)
+    for lin in linears:
+        o, i = lin.weight.shape
+        parts[id(lin.weight)] = directions[:, off:off + i * o].reshape(m, i, o) \
+            .transpose(1, 2).to(lin.weight.dtype)
+        parts[id(lin.bias)] = directions[:, off + i * o:off + (i + 1) * o].to(lin.bias.dtype)
+        off += (i + 1) * o
+    return parts
+
+
 class _Scores:
     """One run's :class:`dpaudit.dpsgd.CanaryScores` (the scores of dpaudit's trainer) from
     its iterates in the flat layout (:func:`dpaudit.dpsgd.flatten`): each step's
@@ -170,14 +186,7 @@ class _Canary:
         self.scores = _Scores(directions, self.flat(), **how,
                               step_size=group[0]["lr"] / optimizer.expected_batch_size)
         self.rate = self.scores.of.rate
-        # The canary's part of each nn.Linear tensor, (m, *shape), weights transposed.
-        parts, off = {}, 0
-        for lin in self.linears:
-            o, i = lin.weight.shape
-            parts[id(lin.weight)] = directions[:, off:off + i * o].reshape(m, i, o) \
-                .transpose(1, 2).to(lin.weight.dtype)
-            parts[id(lin.bias)] = directions[:, off + i * o:off + (i + 1) * o].to(lin.bias.dtype)
-            off += (i + 1) * o
+        parts = _parts(directions, self.linears)
         gen = torch.Generator().manual_seed(seed)
         add_noise = optimizer.add_noise
 
@@ -210,9 +219,11 @@ class _Canary:
 
 
 class OpacusTrainer:
-    """An Opacus DP-SGD training, as a training function of ``dpaudit audit-impl`` in every
-    mode (the module docstring): ``train(X, y, seeds, spec, *, init=None, canaries=None)``
-    returns predict (logits ``(len(seeds), m, n_classes)``), or with ``canaries`` the runs'
+    """dpaudit's reconstruction of an Opacus ``make_private`` training (its own loop, its
+    own accounting; a user's loop: :class:`.opacus_loop.OpacusLoop`), as a training
+    function of ``dpaudit audit-impl`` in every mode (the module docstring): ``train(X, y,
+    seeds, spec, *, init=None, canaries=None)`` returns predict (logits ``(len(seeds), m,
+    n_classes)``), or with ``canaries`` the runs'
     :class:`dpaudit.dpsgd.CanaryRun`. It reads nothing from ``spec``.
 
     ``model_fn()``: a new ``nn.Module``; ``optimizer_fn(parameters)``: its optimizer (e.g.

@@ -146,10 +146,15 @@ def _wrap_optimizer(opt, rec: _Record) -> None:
 
 
 @contextlib.contextmanager
-def instrumented():
+def instrumented(*, measure: bool = True, on_module: Callable | None = None,
+                 on_optimizer: Callable | None = None):
     """Opacus' accountants (a PrivacyEngine's or the user's own), DPOptimizers and Poisson
     samplers recorded into the yielded :class:`_Record` while the block runs; their classes
-    as they were afterwards."""
+    as they were afterwards. ``measure=False``: the optimizers recorded, not measured (no
+    per-example clipping, no noise read back). ``on_module(gsm)`` and
+    ``on_optimizer(opt)``: called on every ``GradSampleModule`` and ``DPOptimizer`` as it
+    is made (after the measuring wrappers), e.g. :mod:`.opacus_loop`'s canary work."""
+    from opacus import GradSampleModule
     from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
     from opacus.optimizers.optimizer import DPOptimizer
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler
@@ -157,7 +162,7 @@ def instrumented():
     rec = _Record()
     accountants = (RDPAccountant, PRVAccountant, GaussianAccountant)
     originals = [(cls, cls.__init__) for cls in
-                 (*accountants, DPOptimizer, UniformWithReplacementSampler)]
+                 (*accountants, DPOptimizer, UniformWithReplacementSampler, GradSampleModule)]
 
     def accountant_init(self, *a, __init, **k):
         __init(self, *a, **k)
@@ -166,16 +171,25 @@ def instrumented():
     def optimizer_init(self, *a, __init=DPOptimizer.__init__, **k):
         __init(self, *a, **k)
         rec.optimizers.append(self)
-        _wrap_optimizer(self, rec)
+        if measure:
+            _wrap_optimizer(self, rec)
+        if on_optimizer is not None:
+            on_optimizer(self)
 
     def sampler_init(self, *a, __init=UniformWithReplacementSampler.__init__, **k):
         __init(self, *a, **k)
         rec.samplers.append((int(self.num_samples), float(self.sample_rate)))
 
+    def module_init(self, *a, __init=GradSampleModule.__init__, **k):
+        __init(self, *a, **k)
+        if on_module is not None:
+            on_module(self)
+
     for cls in accountants:
         cls.__init__ = functools.partialmethod(accountant_init, __init=cls.__init__)
     DPOptimizer.__init__ = optimizer_init
     UniformWithReplacementSampler.__init__ = sampler_init
+    GradSampleModule.__init__ = module_init
     try:
         yield rec
     finally:
@@ -282,14 +296,9 @@ def _summary(rec: _Record, rows: int, reported: float) -> RunSummary:
         reported_eps=reported)
 
 
-def probe(train: Callable, X: torch.Tensor, y: torch.Tensor, seed: int) -> RunSummary:
-    """One instrumented call ``train(X, y, seed)``: its measured parameters. A ValueError
-    where it does not return ``(model, reported_eps)`` with a number >= 0, or takes no
-    DPOptimizer step."""
-    with instrumented() as rec, warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
-        # Opacus' per-example hooks make torch warn on every backward pass.
-        warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
-        out = train(X, y, seed)
+def reported_eps(out) -> float:
+    """The reported epsilon of ``train``'s output ``out``, a ValueError where it is not
+    ``(model, reported_eps)`` with a finite number >= 0."""
     if not (isinstance(out, tuple) and len(out) == 2):
         raise ValueError(f"train must return (model, reported_eps); got {type(out).__name__}")
     try:  # a Python, numpy or 0-d torch number
@@ -298,7 +307,20 @@ def probe(train: Callable, X: torch.Tensor, y: torch.Tensor, seed: int) -> RunSu
         eps = None
     if eps is None or not 0 <= eps < math.inf:
         raise ValueError(f"train: reported_eps={out[1]!r}: must be a finite number >= 0")
-    return _summary(rec, len(X), eps)
+    return eps
+
+
+def probe(train: Callable, X: torch.Tensor, y: torch.Tensor, seed: int,
+          **hooks) -> RunSummary:
+    """One instrumented call ``train(X, y, seed)``: its measured parameters. A ValueError
+    where it does not return ``(model, reported_eps)`` with a number >= 0, or takes no
+    DPOptimizer step. ``hooks``: :func:`instrumented`'s ``on_module`` and ``on_optimizer``."""
+    with instrumented(**hooks) as rec, warnings.catch_warnings(), \
+            torch.random.fork_rng(devices=[]):
+        # Opacus' per-example hooks make torch warn on every backward pass.
+        warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
+        out = train(X, y, seed)
+    return _summary(rec, len(X), reported_eps(out))
 
 
 def opacus_epsilon(mechanism: str, sigma: float, q: float, steps: int, delta: float) -> float:
@@ -457,4 +479,5 @@ def table(report: Report) -> str:
 
 
 __all__ = ["ALPHA", "RTOL", "EXIT_CONSISTENT", "EXIT_FINDINGS", "EXIT_BAD_INPUT", "Finding",
-           "Report", "RunSummary", "check", "instrumented", "opacus_epsilon", "probe", "table"]
+           "Report", "RunSummary", "check", "instrumented", "opacus_epsilon", "probe",
+           "reported_eps", "table"]

@@ -69,25 +69,29 @@ def _positive_int(value: int, name: str, low: int = 1) -> int:
 def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, batch_runs: int,
            classes, label, spec: dict, device: str | None = None, seed_check: int | None = None,
            max_diverged: float = 0.0, mode: str = "black-box", n_aux: int = 500,
-           call_limit: float = CALL_LIMIT, mates: float = 0.0) -> dict:
+           call_limit: float = CALL_LIMIT, mates: float = 0.0, opacus_loop: bool = False) -> dict:
     """Every check that can fail before training: claim, run counts, functions, specs,
     the integrity checks' options, the mode and whether each function allows it;
     ``device``: where the registry subjects train unless ``spec`` names a device;
     ``seed_check`` None: the default number of seeds; ``call_limit``: seconds per call of
-    a training function (0: none); ``mates``: the white-box canary's crafted batch mates."""
+    a training function (0: none); ``mates``: the white-box canary's crafted batch mates;
+    ``opacus_loop``: each ``--train`` a user's ``train(X, y, seed) -> (model,
+    reported_eps)`` (:class:`dpaudit.adapters.opacus_loop.OpacusLoop`), its claim the eps
+    it reports (``eps`` None or only recorded; runs checked against it by :func:`_enough`
+    once it is known), its spec measured (``spec`` must be empty)."""
     from .. import subjects
     from ..experiments import tramer
 
-    eps = _number(eps, "--eps (claimed epsilon)", 0.0)
+    if eps is None and not opacus_loop:
+        raise SpecError("--eps (claimed epsilon): required (optional only with --opacus-loop, "
+                        "whose claim is the eps the training reports)")
+    eps = None if eps is None else _number(eps, "--eps (claimed epsilon)", 0.0)
     delta = _number(delta, "--delta (claimed delta)", 0.0, 1.0)
     alpha = _number(alpha, "--alpha (1 - confidence)", 0.0, 1.0)
-    need = tramer.min_runs(eps, delta, alpha)
-    if runs < need:
-        best = tramer.max_eps_lb(max(runs, 1), delta, alpha)
-        raise SpecError(
-            f"--runs={runs}: too few evaluation runs per side for the claimed eps={eps:g} "
-            f"at confidence 1 - {alpha:g}: even a perfect attack (TPR = 1, FPR = 0) on "
-            f"{runs} runs certifies at most eps_LB={best:.3g}; need --runs >= {need}")
+    need = None if opacus_loop else _enough(runs, eps, delta, alpha)
+    if opacus_loop and spec:
+        raise SpecError(f"--spec {json.dumps(spec)}: not with --opacus-loop, whose spec is "
+                        "measured from the training itself")
     if val_runs < MIN_VAL_RUNS:
         raise SpecError(f"--val-runs={val_runs}: must be an integer >= {MIN_VAL_RUNS} "
                         "(validation runs per side that choose the threshold)")
@@ -122,6 +126,15 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
             fn = subjects.load_train_fn(target)
         except ValueError as exc:
             raise SpecError(str(exc)) from exc
+        if opacus_loop:
+            if fn in subjects.SUBJECTS.values():
+                raise SpecError(f"--train {target} --opacus-loop: a registry subject, not a "
+                                "user's train(X, y, seed) -> (model, reported_eps)")
+            from ..adapters.opacus_loop import OpacusLoop
+
+            plans.append((target, OpacusLoop(target), {}))
+            claims[target] = None  # the profile test's, from the claim the training reports
+            continue
         try:
             tramer.check_mode(fn, mode)
         except ValueError as exc:
@@ -159,7 +172,22 @@ def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, bat
             "plans": plans, "claims": claims, "runs": runs, "val_runs": val_runs,
             "n_train": n_train, "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
             "max_diverged": max_diverged, "mode": mode, "n_aux": n_aux,
-            "call_limit": call_limit, "mates": mates}
+            "call_limit": call_limit, "mates": mates, "opacus_loop": opacus_loop}
+
+
+def _enough(runs: int, eps: float, delta: float, alpha: float) -> int:
+    """The fewest evaluation runs per side that can refute ``eps`` (a SpecError naming
+    ``--runs`` where ``runs`` is fewer)."""
+    from ..experiments import tramer
+
+    need = tramer.min_runs(eps, delta, alpha)
+    if runs < need:
+        best = tramer.max_eps_lb(max(runs, 1), delta, alpha)
+        raise SpecError(
+            f"--runs={runs}: too few evaluation runs per side for the claimed eps={eps:g} "
+            f"at confidence 1 - {alpha:g}: even a perfect attack (TPR = 1, FPR = 0) on "
+            f"{runs} runs certifies at most eps_LB={best:.3g}; need --runs >= {need}")
+    return need
 
 
 def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Path,
@@ -218,17 +246,35 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
         # Trained beside it where both are registry subjects (subjects.train_columns).
         together = {t: kept[t] for t, _, s in plan["plans"] if t != target and t in kept
                     and s == spec and mode == "black-box"}
-        claim = plan["claims"][target]
-        profile = None if claim is None else tramer.claimed_profile(*claim)
-        init = None
-        if aux is not None:
-            model = subjects.model_spec(spec, X.shape[1], len(plan["classes"]))
-            init = tramer.pretrained_init(torch.as_tensor(X_all[aux]),
-                                          torch.as_tensor(y_all[aux]), model, seed)
+
+        def inputs(spec: dict, claim) -> dict:
+            """The profile test of ``claim`` and the worst-case init of ``spec``'s model."""
+            init = None
+            if aux is not None:
+                model = subjects.model_spec(spec, X.shape[1], len(plan["classes"]))
+                init = tramer.pretrained_init(torch.as_tensor(X_all[aux]),
+                                              torch.as_tensor(y_all[aux]), model, seed)
+            return {"init": init,
+                    "profile": None if claim is None else tramer.claimed_profile(*claim)}
+
+        loop = {}  # --opacus-loop: the claim the training reports, once measured
+
+        def prepare(train_fn, target=target, loop=loop):
+            loop.update(_loop_claim(plan, target, train_fn, X, y, canary, seed))
+            spec = loop["spec"]
+            claim = subjects.claimed_dpsgd(spec, loop["eps"], plan["delta"], n_train) \
+                if "q" in spec else None
+            print(f"audit-impl: {target}: " + (
+                f"no profile test: {loop['profile']}" if claim is None else "profile test "
+                "against correct DP-SGD at noise multiplier {:.4g}, q = {:g}, T = {}".format(
+                    *claim)), file=sys.stderr)
+            return {**plan, "eps": loop["eps"]}, spec, inputs(spec, claim)
+
+        more = {"prepare": prepare} if plan["opacus_loop"] else \
+            inputs(spec, plan["claims"][target])
         try:
             row, loss = _audit_one(plan, target, fn, X, y, canary, spec, seed, test=test,
-                                   store=where, key=key, together=together, init=init,
-                                   profile=profile)
+                                   store=where, key=key, together=together, **more)
         except tramer.Unauditable as exc:
             raise SpecError(f"--train {target}: cannot be audited, no result written: "
                             f"{exc}") from exc
@@ -252,9 +298,10 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
         tested = (f"; profile test: delta_LB {row['delta_lb']:.4g} against the claimed "
                   f"{row['delta_claim_at_eps_star']:.4g} at eps {row['eps_star']:.2f}, "
                   f"{'violated' if row['profile_violated'] else 'not violated'}"
-                  if profile is not None else "")
+                  if "profile_violated" in row else "")
         print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
-              f"{row['eps_lb']:.3f} (claimed eps {plan['eps']:g}){tested}: {row['verdict']}; "
+              f"{row['eps_lb']:.3f} (claimed eps {row['claimed_eps']:g}){tested}: "
+              f"{row['verdict']}; "
               f"{row['usable_runs']} of {row['total_runs']} runs usable "
               f"({row['diverged_runs']} diverged, counted as out); {checked}; {accuracy}",
               file=sys.stderr)
@@ -263,8 +310,15 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
                   f"{row['looks']}, {row['runs_in']} + {row['runs_out']} evaluation runs "
                   f"(in + out) of at most {plan['runs']} per side; bounds anytime-valid at "
                   f"confidence 1 - {plan['alpha']:g}", file=sys.stderr)
-        rows.append({"implementation": target, **row, "min_runs": plan["min_runs"],
-                     "n_train": n_train})
+        if loop:  # the claim's source, both reports and the relation actually trained
+            row.update(claim_source="reported by train", reported_eps_n=loop["reported"][0],
+                       reported_eps_n1=loop["reported"][1], rows_without=loop["rows"][0],
+                       rows_with=loop["rows"][1], relation=loop["relation"],
+                       given_eps=math.nan if plan["eps"] is None else plan["eps"],
+                       measured_spec=json.dumps(loop["spec"], sort_keys=True),
+                       measured=json.dumps(loop["measured"]))
+        rows.append({"implementation": target, **row,
+                     "min_runs": loop.get("min_runs", plan["min_runs"]), "n_train": n_train})
         losses.append(loss.assign(implementation=target))
     table = pd.DataFrame(rows)
     table = table[COLUMNS + [c for c in table.columns if c not in COLUMNS]]
@@ -279,20 +333,29 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     write_table(table, out, provenance)
 
 
-def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int, **more):
+def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int,
+               prepare=None, **more):
     """:func:`dpaudit.experiments.tramer.audit_implementation` of one implementation of
-    ``plan`` (``more``: its keyword arguments of this implementation): a user's function in a worker process of its own (:class:`dpaudit.user_code.
-    Worker`, killed with its process group when the audit ends, however it ends); the
-    registry subjects, dpaudit's own code, here, where those of one spec train as columns
-    of the same calls."""
+    ``plan`` (``more``: its keyword arguments of this implementation): a user's function
+    in a worker process of its own (:class:`dpaudit.user_code.Worker`, killed with its
+    process group when the audit ends, however it ends); the registry subjects, dpaudit's
+    own code, here, where those of one spec train as columns of the same calls.
+    ``prepare(train_fn)``: in the worker, before the audit, (plan, spec, more keyword
+    arguments) of this implementation (--opacus-loop's claim)."""
     import contextlib
 
     from .. import subjects, user_code
     from ..experiments import tramer
 
     own = fn in subjects.SUBJECTS.values()
+    # An adapter object (--opacus-loop) travels to the worker as itself (it pickles by the
+    # user's target); a user's function by its "module:function".
     with (contextlib.nullcontext(fn) if own else
-          user_code.Worker(target, fn, plan.get("threads", 1))) as train_fn:
+          user_code.Worker(fn if plan.get("opacus_loop") else target, fn,
+                           plan.get("threads", 1))) as train_fn:
+        if prepare is not None:
+            plan, spec, extra = prepare(train_fn)
+            more.update(extra)
         return tramer.audit_implementation(
             train_fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"],
             plan["val_runs"], spec, seed, plan["alpha"], plan["batch_runs"],
@@ -302,6 +365,32 @@ def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int,
             call_limit=plan["call_limit"] or None, mates=plan["mates"],
             schedule=None if not plan.get("sequential") else tramer.schedule_of(
                 plan["runs"], plan["budget"]), **more)
+
+
+def _loop_claim(plan: dict, target: str, train_fn, X, y, canary, seed: int) -> dict:
+    """--opacus-loop: the claim of ``target``, the eps its training reports on X and on X
+    with the mode's canary row (:meth:`dpaudit.adapters.opacus_loop.OpacusLoop.claim`, in
+    the worker), printed with both reports; a SpecError where the runs are too few to
+    refute it."""
+    from .. import seeds as seeding, user_code
+
+    call = "train(X, y, seed) of the claim's runs on n and n + 1 rows"
+    row = None if plan["mode"] == "white-box" else (
+        canary.x, 0 if canary.label is None else int(canary.label))
+    c = user_code.call(train_fn, X, y, {
+        "names": (call, call), "seeds": seeding.int_seeds(1, seed, "opacus-loop/claim"),
+        "spec": {"delta": plan["delta"]}, "method": "claim", "extra": {"row": row}},
+        plan["call_limit"] or None)["value"]
+    (n0, n1), (e0, e1) = c["rows"], c["reported"]
+    given = plan["eps"]
+    print(f"audit-impl: {target}: claim eps {c['eps']:.6g} at delta {plan['delta']:g}: the "
+          f"eps train reports on the n = {n0} rows without the canary ({e1:.6g} on the "
+          f"n + 1 = {n1} with it{'' if e0 == e1 else '; the larger is the claim'}; "
+          f"relation {c['relation']})" + ("" if given is None or given == c["eps"] else
+                                          f"; --eps {given:g} differs: recorded, not tested"),
+          file=sys.stderr)
+    c["min_runs"] = _enough(plan["runs"], c["eps"], plan["delta"], plan["alpha"])
+    return c
 
 
 def _interruptible(command: str, run) -> None:
@@ -335,7 +424,11 @@ def _audit_impl(args) -> None:
     plan = _check(args.train, args.eps, args.delta, args.alpha, args.runs, args.val_runs,
                   args.n_train, args.batch_runs, classes, args.label, args.spec,
                   seed_check=args.seed_check, max_diverged=args.max_diverged, mode=args.mode,
-                  n_aux=args.n_aux, call_limit=args.call_timeout, mates=args.mates)
+                  n_aux=args.n_aux, call_limit=args.call_timeout, mates=args.mates,
+                  opacus_loop=args.opacus_loop)
+    if args.opacus_loop and args.store is not None:
+        raise SpecError("--store: not with --opacus-loop (it keeps the registry subjects' "
+                        "runs only)")
     plan["threads"] = _positive_int(args.threads, "--threads")
     plan.update(sequential)
     # The default mode's provenance is as before the tight modes (and batch mates): byte-
@@ -347,6 +440,7 @@ def _audit_impl(args) -> None:
                            and (k not in ("mode", "n_aux") or k in tight)
                            and (k != "mates" or args.mates)
                            and (k != "threads" or args.threads != 1)
+                           and (k != "opacus_loop" or args.opacus_loop)
                            and (k not in ("sequential", "budget") or args.sequential)}}
     _interruptible("audit-impl", lambda: _run(plan, args.canary, args.data_root,
                                               args.download, args.seed, args.out,
@@ -447,7 +541,9 @@ def register(subparsers) -> None:
     p.add_argument("--train", action="extend", nargs="+", required=True, metavar="TARGET",
                    help="'buggy', 'fixed', 'half-steps', 'half-noise' or 'module.path:function' "
                         "(several: one table row each)")
-    p.add_argument("--eps", required=True, help="claimed epsilon")
+    p.add_argument("--eps", default=None,
+                   help="claimed epsilon (required, but with --opacus-loop, whose claim is "
+                        "the eps the training reports; given there, it is recorded)")
     p.add_argument("--delta", required=True, help="claimed delta")
     p.add_argument("--canary", choices=["checkerboard", "clipbkd"], default="checkerboard")
     p.add_argument("--label", type=int, default=None,
@@ -499,6 +595,11 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="torch (and OpenMP) threads of the worker process that runs a "
                         "user's training function (default 1; docs/audit_your_implementation.md)")
+    p.add_argument("--opacus-loop", action="store_true",
+                   help="each --train is a user's own Opacus training, train(X, y, seed) -> "
+                        "(model, reported_eps), run unmodified with its Opacus objects "
+                        "instrumented, in every mode; the claim is the eps it reports "
+                        "(docs/audit_your_implementation.md#opacus-trainings)")
     p.add_argument("--sequential", action="store_true",
                    help="train the evaluation runs in rounds and stop at the first certified "
                         "violation, anytime-valid (confidence sequences); --runs is then the "
