@@ -201,3 +201,18 @@ def test_replace_one_eps_lies_between_add_remove_and_group_privacy():
     assert add < rep < 2 * acc.epsilon(sigma, q, T, d0, "pld")
     assert rep == pytest.approx(10.4885, abs=1e-3)
     assert acc.dpsgd_epsilons(0.0, q, T, delta)["eps_pld_replace"] == math.inf
+
+
+def test_dpsgd_epsilons_are_the_accountants_computed_once_a_new_dict_each_call():
+    """The cells of a grid share their (sigma, rate, steps, delta): the second call is the
+    cache's, the same numbers as each accountant's own, in a dict the caller may change."""
+    args = (2.0, 0.1, 30, 1e-5)
+    first = acc.dpsgd_epsilons(*args)
+    assert first == {"eps_th": acc.epsilon(*args, "rdp_classic"),
+                     "eps_pld": acc.epsilon(*args, "pld"),
+                     "eps_pld_replace": acc.epsilon_replace_one(*args)}
+    hits = acc._dpsgd_epsilons.cache_info().hits
+    first["eps_th"] = -1.0
+    again = acc.dpsgd_epsilons(*args)
+    assert acc._dpsgd_epsilons.cache_info().hits == hits + 1
+    assert again is not first and again["eps_th"] == acc.epsilon(*args, "rdp_classic")

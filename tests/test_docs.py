@@ -14,7 +14,9 @@ DOCS = ROOT / "docs"
 SCHEMA = ROOT / "src" / "dpaudit" / "schema.yaml"
 CONFIG_REFERENCE = ROOT / "config" / "README.md"
 CI = ROOT / ".ci" / "run"
-CI_MARKER = "# --- the README's test command, verbatim ---"
+#: The marker lines in .ci/run before the README's two commands, in this order.
+CI_MARKERS = ("# --- the README's install command, verbatim ---",
+              "# --- the README's test command, verbatim ---")
 README_MAX_LINES = 220
 
 
@@ -130,16 +132,23 @@ def test_readme_is_short():
         f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move details to docs/")
 
 
-def test_readme_contains_the_ci_test_command_verbatim():
+def test_readme_contains_the_ci_commands_verbatim():
+    """.ci/run runs the README's install command (beside its apt installs) and then its test
+    command, each the line after its marker; one code block of the README holds both, in
+    that order."""
     ci_lines = CI.read_text().splitlines()
-    assert CI_MARKER in ci_lines, f"{CI} lacks the marker line {CI_MARKER!r}"
-    following = ci_lines[ci_lines.index(CI_MARKER) + 1:]
-    command = next((line.strip() for line in following if line.strip()), "")
-    assert command, f"no command after the marker in {CI}"
+    commands = []
+    for marker in CI_MARKERS:
+        assert marker in ci_lines, f"{CI} lacks the marker line {marker!r}"
+        following = ci_lines[ci_lines.index(marker) + 1:]
+        command = next((line.strip() for line in following if line.strip()), "")
+        assert command, f"no command after the marker {marker!r} in {CI}"
+        commands.append(command)
+    assert ci_lines.index(CI_MARKERS[0]) < ci_lines.index(CI_MARKERS[1])
     text = README.read_text()
     blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
-    assert any(command in block for block in blocks), (
-        f"README.md has no code block containing the CI test command {command!r}")
+    assert any([line.strip() for line in block.splitlines()] == commands for block in blocks), (
+        f"README.md has no code block of the CI commands {commands!r}, one a line")
 
 
 def test_readme_names_every_named_target():

@@ -1,6 +1,5 @@
 """One-run audits of DP-SGD: canaries, the grid, the CLI and the figure."""
 
-import functools
 import json
 import math
 
@@ -37,17 +36,6 @@ def _spec(**kw):
 
 
 TRAIN = {"epochs": 4, "batch_size": 50, "lr": 0.5, "hidden": 8, "noise": NOISE, "clip": 1.0}
-
-_epsilons = functools.cache(accounting.dpsgd_epsilons)
-
-
-@pytest.fixture(autouse=True)
-def each_theoretical_eps_once(monkeypatch):
-    """The grids here repeat a few (noise, sample rate, steps) cells, whose eps
-    dp_accounting takes seconds to compute: each is computed once per process (the same
-    numbers, a copy each time)."""
-    monkeypatch.setattr(accounting, "dpsgd_epsilons", lambda *args: dict(_epsilons(*args)))
-
 
 def test_input_canaries_of_both_kinds():
     task = _task()

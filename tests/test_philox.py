@@ -152,6 +152,7 @@ def test_keys_and_arguments_are_checked():
         philox.draw("gamma", philox.keys([1], "cpu"), 0, 0, 3)
 
 
+@pytest.mark.slow  # started first: compiling takes a minute on 2 busy cores
 @pytest.mark.compiles
 def test_the_gpus_fused_draws_run_on_the_cpu_and_train_the_same_models():
     """The GPU's path (each draw one compiled kernel) taken on the CPU: the same words as

@@ -28,6 +28,7 @@ References
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from contextlib import contextmanager
@@ -231,7 +232,16 @@ def dpsgd_epsilons(sigma: float, sample_rate: float, steps: int, delta: float) -
     """The theoretical eps a DP-SGD audit is drawn against, at ``delta``: ``eps_th``
     (``rdp_classic``, the accountant Jagielski et al. used), ``eps_pld`` (the tight PLD
     accountant), both for add/remove neighbours, and ``eps_pld_replace``
-    (:func:`epsilon_replace_one`, PLD); ``inf`` without noise."""
+    (:func:`epsilon_replace_one`, PLD); ``inf`` without noise.
+
+    Each (sigma, rate, steps, delta) is computed once per process (a new dict each call):
+    the cells of a grid share them (a data set's attacks, a table's inits), and the PLD
+    accountants take seconds per cell."""
+    return dict(_dpsgd_epsilons(sigma, sample_rate, steps, delta))
+
+
+@functools.lru_cache(maxsize=256)
+def _dpsgd_epsilons(sigma: float, sample_rate: float, steps: int, delta: float) -> dict:
     if sigma == 0:
         return {"eps_th": math.inf, "eps_pld": math.inf, "eps_pld_replace": math.inf}
     return {"eps_th": epsilon(sigma, sample_rate, steps, delta, "rdp_classic"),
