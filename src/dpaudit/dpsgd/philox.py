@@ -28,10 +28,10 @@ What runs where. On a GPU the words and the normals are one fused kernel each
 (``torch.compile``): done as separate tensor operations, the ten rounds' passes over the
 counters would move more bytes than the model's own step. On the CPU, a draw of at least
 :data:`CPU_BULK_BLOCKS` counter blocks per run and step (the trainer's noise and batches)
-takes its words from randomgen's Philox-4x32-10 in C (one generator, its key and counter set
-per run and step: its counter is incremented before each block, so it is set to the block
-before (0, step, stream, 0)), several times cheaper than the rounds as int64 tensor
-operations; a smaller draw keeps the tensor operations, whose cost is a fixed number of
+takes its words from randomgen's Philox-4x32-10 in C (a generator per thread, its key and
+counter set per run and step: its counter is incremented before each block, so it is set to
+the block before (0, step, stream, 0); the runs and steps shared among torch's threads),
+several times cheaper than the rounds as int64 tensor operations; a smaller draw keeps the tensor operations, whose cost is a fixed number of
 calls for all runs where randomgen's is a state change per run and step. Compiling on the
 CPU is not used: it costs seconds per process and needs a C++ compiler, and its float64
 transcendentals need not be torch's eager kernels bit for bit. The Box-Muller transform is
