@@ -18,9 +18,10 @@ Each training is audited by the mode that shows what it does: correct in all thr
 shuffled and noise_on_mean in the black box. --quick: the sequential audit (audit-impl
 --sequential) at alpha = 0.05, 10 validation runs per side, then evaluation runs in rounds
 of 20 and 30 per side, stopping at the first certified violation: at most 80 runs per
-audit (and the seed check's), each verdict at 95% confidence. Without it the fixed audit, 1000 evaluation and
-500 validation runs per side at alpha = 1e-10. The tables and each audit's log go to
---out. The audits run side by side, one per core (--jobs), each on one thread.
+audit (and the seed check's), each verdict at 95% confidence. Without it the fixed
+audit, 1000 evaluation and 500 validation runs per side at alpha = 1e-10. The tables and
+each audit's log go to --out. The audits run side by side, one per core (--jobs), each on
+one thread.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ counters would move more bytes than the model's own step. On the CPU, a draw of 
 takes its words from randomgen's Philox-4x32-10 in C (a generator per thread, its key and
 counter set per run and step: its counter is incremented before each block, so it is set to
 the block before (0, step, stream, 0); the runs and steps shared among torch's threads),
-several times cheaper than the rounds as int64 tensor operations; a smaller draw keeps the tensor operations, whose cost is a fixed number of
-calls for all runs where randomgen's is a state change per run and step. Compiling on the
+several times cheaper than the rounds as int64 tensor operations; a smaller draw keeps the
+tensor operations, whose cost is a fixed number of calls for all runs where randomgen's is
+a state change per run and step. Compiling on the
 CPU is not used: it costs seconds per process and needs a C++ compiler, and its float64
 transcendentals need not be torch's eager kernels bit for bit. The Box-Muller transform is
 the same torch float64 operations on every CPU path, so the CPU's words and normals are
@@ -58,8 +59,8 @@ _MASK = 0xFFFFFFFF
 #: Counter blocks per run and step from which the CPU's draws are randomgen's (module
 #: docstring); smaller draws are the torch operations'.
 CPU_BULK_BLOCKS = 256
-#: Counter blocks of a bulk CPU draw turned into normals at once: their float64
-#: temporaries (about 1 MB) stay in the cache.
+#: Counter blocks of a bulk CPU draw turned into normals at once: a large draw's float64
+#: temporaries stay small (about 0.5 MB), not the size of the whole draw.
 _PIECE = 8192
 
 #: Streams of a run (the counter's third word): what each draw is for (batches: Poisson
@@ -148,8 +149,8 @@ def _cpu_bulk(key: torch.Tensor, steps: list[int], stream: int, blocks: int,
 
     The (run, step) draws are shared among ``torch.get_num_threads()`` threads (randomgen
     and torch release the GIL), each a generator of its own; a draw comes in pieces of
-    :data:`_PIECE` blocks, each turned into normals while its words are in the cache (the
-    transform is elementwise: the same bits as on the whole draw)."""
+    :data:`_PIECE` blocks, each turned into normals at once (the transform is elementwise:
+    the same bits as on the whole draw)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from randomgen import Philox
