@@ -2,6 +2,7 @@
 
     python benchmarks/sequential_audit.py soundness [--reps 1000 --runs 10000]
     python benchmarks/sequential_audit.py cost [--reps 200]
+    python benchmarks/sequential_audit.py overhead [--alphas 1e-10 1e-3 0.05]
 
 ``soundness``: mechanisms whose epsilon is known, a decision fixed in advance, bounds
 looked at after EVERY run up to ``--runs`` per side. Gaussian scores N(mu, 1) against
@@ -28,6 +29,12 @@ likelihood ratio) for the registry's ``fixed`` (correct), ``half-noise`` (sigma 
 100, batch 100) in the white box; and the black box of the Opacus ``noise_on_mean`` as a
 Gaussian shift N(3.1, 1) against N(0, 1) (3.1 = Phi^-1(0.99) + Phi^-1(0.78), its measured
 FPR / TPR at 1000 runs; a stand-in, not its exact distribution).
+
+``overhead``: how many more runs the sequential audit needs for the fixed audit's eps_LB,
+by alpha, without simulation: at TPR / FPR pairs and fixed-audit sizes n, the smallest
+multiple m (steps of 0.02) such that the sequential audit's eps_LB at its last look, at most
+m n runs per side (``n_opt`` = m n, the driver's), reaches the fixed audit's
+Clopper-Pearson eps_LB at n, both at the expected counts (rate times runs, rounded).
 """
 
 from __future__ import annotations
@@ -202,9 +209,42 @@ def cost(args) -> None:
               + " |" + (f" ({time.time() - start:.0f} s)" if args.times else ""), flush=True)
 
 
+def runs_multiple(tpr: float, fpr: float, n: int, alpha: float, delta: float) -> float | None:
+    """The ``overhead`` study's m for one cell (module docstring); None past m = 4."""
+    def eps_at(runs: int, sequential: bool) -> float:
+        ct_pos, ct_neg = round(tpr * runs), round(fpr * runs)
+        if sequential:
+            return seq.eps_lb_sequential(ct_pos, runs, ct_neg, runs, alpha, delta, n_opt=runs)
+        return bounds.eps_lb_clopper_pearson(ct_pos, runs, ct_neg, runs, alpha, delta)
+
+    fixed = eps_at(n, False)
+    return next((m for m in np.round(np.arange(1.0, 4.0, 0.02), 2)
+                 if eps_at(int(m * n), True) >= fixed), None)
+
+
+def overhead(args) -> None:
+    pairs = ((0.9, 0.05), (0.78, 0.01), (0.5, 0.02), (0.3, 0.05))
+    sizes = (100, 300, 1000)
+    print(f"runs per side of the sequential audit (at most m n) for the fixed audit's eps_LB "
+          f"at n, delta {args.delta:g}; cells: m (- where the fixed eps_LB is 0)")
+    print("| alpha | TPR / FPR | " + " | ".join(f"n = {n}" for n in sizes) + " |")
+    print("|---|---|" + "---|" * len(sizes))
+    for alpha in args.alphas:
+        for tpr, fpr in pairs:
+            cells = []
+            for n in sizes:
+                if bounds.eps_lb_clopper_pearson(round(tpr * n), n, round(fpr * n), n, alpha,
+                                                 args.delta) <= 0:
+                    cells.append("-")
+                    continue
+                m = runs_multiple(tpr, fpr, n, alpha, args.delta)
+                cells.append("> 4" if m is None else f"{m:.2f}")
+            print(f"| {alpha:g} | {tpr:g} / {fpr:g} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", choices=("soundness", "cost"))
+    parser.add_argument("study", choices=("soundness", "cost", "overhead"))
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--times", action="store_true", help="print each row's seconds")
@@ -222,11 +262,13 @@ def main() -> None:
     parser.add_argument("--shifts", type=float, nargs="+", default=[0.8, 0.9, 1.0, 1.5, 3.1],
                         help="cost: Gaussian shifts mu (black-box stand-ins; 3.1: Opacus "
                              "noise_on_mean)")
+    parser.add_argument("--alphas", type=float, nargs="+", default=[1e-10, 1e-3, 0.05],
+                        help="overhead: the levels")
     args = parser.parse_args()
     if args.reps is None:
         args.reps = 300 if args.study == "soundness" else 40
     start = time.time()
-    (soundness if args.study == "soundness" else cost)(args)
+    {"soundness": soundness, "cost": cost, "overhead": overhead}[args.study](args)
     print(f"({time.time() - start:.0f} s)")
 
 

@@ -330,3 +330,26 @@ def test_driver_refuses_bad_claims():
 def test_schedule_refuses_bad_values(field, value):
     with pytest.raises(ValueError, match=rf"schedule\.{field}="):
         driver.Schedule(**{field: value})
+
+
+def test_the_sequential_audits_extra_runs_for_the_fixed_eps_lb_grow_with_alpha():
+    """benchmarks/sequential_audit.py overhead, the numbers behind audit-impl keeping the
+    fixed audit as its default (docs/statistics.md): for the fixed audit's Clopper-Pearson
+    eps_LB at 300 runs per side, the sequential audit needs at most 1.3 times the runs at
+    alpha 1e-10 and more than 1.3 times at alpha 0.05; m is the smallest such multiple."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sequential_audit.py"
+    spec = importlib.util.spec_from_file_location("sequential_audit", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    m = {alpha: bench.runs_multiple(0.9, 0.05, 300, alpha, 1e-5) for alpha in (1e-10, 0.05)}
+    assert 1.0 < m[1e-10] <= 1.3 < m[0.05]
+    for alpha, mult in m.items():  # the definition, recomputed: reached at m, not before
+        fixed = bounds.eps_lb_clopper_pearson(270, 300, 15, 300, alpha, 1e-5)
+        for k, reached in ((mult, True), (round(mult - 0.02, 2), False)):
+            n = int(k * 300)
+            got = seq.eps_lb_sequential(round(0.9 * n), n, round(0.05 * n), n, alpha, 1e-5,
+                                        n_opt=n)
+            assert (got >= fixed) == reached, (alpha, k)

@@ -213,6 +213,12 @@ def test_poisson_batches_have_binomial_sizes_and_no_repeats(shared):
             else:
                 chosen = idx[k][valid[k] > 0]
                 assert len(set(chosen.tolist())) == len(chosen)
+                if t < 3:  # exactly the run's own draw: its rows in order, then padding 0
+                    own = philox.draw("bernoulli", philox.keys([k], "cpu"), philox.BATCH, t,
+                                      n, B / n)[0]
+                    assert torch.equal(chosen, own.nonzero()[:, 0])
+                    assert valid[k].tolist() == sorted(valid[k].tolist(), reverse=True)
+                    assert not idx[k][valid[k] == 0].any()
             sizes.append(len(chosen))
             rows.append(chosen)
     sizes = np.array(sizes)

@@ -408,6 +408,13 @@ def test_example_script_prints_one_verdict_line_per_audit(cases, tmp_path, monke
     line = example.audit("correct", "white-box", 40, 5, tmp_path, None, 0)
     assert line.startswith("correct (white-box, 40 + 5 runs per side, "), line
     assert line.endswith(": no violation detected") and "eps_LB 0.00 against" in line, line
+    # --quick's sequential audit: its rounds (20, 30, 40) run to the maximum, said so
+    line = example.audit("correct", "white-box", 40, 5, tmp_path, None, 0, 0.05, True)
+    assert line.startswith("correct (white-box, 40 + 5 runs per side, sequential at alpha "
+                           "0.05, at most 40, "), line
+    assert line.endswith(": no violation detected"), line
+    assert ("sequential: stopped (max_runs) at look 3, 40 + 40 evaluation runs"
+            in (tmp_path / "correct_white-box.log").read_text())
     correct("OpacusTrainer(_linear, lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9), "
             "max_grad_norm=C, batch_size=B, epochs=1, n=N, noise_multiplier=20.0)")
     line = example.audit("correct", "white-box", 40, 5, tmp_path, None, 0)
@@ -425,18 +432,23 @@ def test_example_script_runs_the_audits_named_by_only_and_checks_jobs(cases, tmp
 
     done = []
     monkeypatch.setattr(example, "audit", lambda name, mode, runs, val_runs, *rest:
-                        done.append((name, mode, runs, val_runs)) or f"{name} {mode}")
+                        done.append((name, mode, runs, val_runs, *rest[3:])) or f"{name} {mode}")
     only = "noise_on_mean:black-box,correct:white-box"
     assert example.main_(["--quick", "--jobs", "1", "--only", only, "--out", str(tmp_path)]) == 0
-    assert done == [("noise_on_mean", "black-box", 80, 40), ("correct", "white-box", 80, 40)]
+    # --quick: the sequential audit at alpha 0.05, at most 30 + 10 runs per side
+    assert done == [("noise_on_mean", "black-box", 30, 10, 0.05, True),
+                    ("correct", "white-box", 30, 10, 0.05, True)]
     assert capsys.readouterr().out == "noise_on_mean black-box\ncorrect white-box\n"
+    example.main_(["--only", "correct:white-box", "--alpha", "0.01", "--out", str(tmp_path)])
+    assert done[-1] == ("correct", "white-box", 1000, 500, 0.01, False)  # the fixed audit
+    capsys.readouterr()
     for argv, says in ((["--jobs", "0"], "--jobs 0: must be at least 1"),
                        (["--only", "correct:black-box,shuffled:white-box"],
                         "--only correct:black-box,shuffled:white-box: each must be one of")):
         with pytest.raises(SystemExit) as stop:
             example.main_([*argv, "--out", str(tmp_path)])
         assert stop.value.code == 2 and says in capsys.readouterr().err
-    assert len(done) == 2
+    assert len(done) == 3
 
 
 @pytest.mark.slow

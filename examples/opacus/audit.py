@@ -15,10 +15,13 @@ given by the adapter dpaudit.adapters.opacus.OpacusTrainer (OpacusTrainer.cli_ar
         $(OpacusTrainer.cli_args(1e-5)) --runs 80 --val-runs 40 --out ...
 
 Each training is audited by the mode that shows what it does: correct in all three modes,
-shuffled and noise_on_mean in the black box. --quick: 80 evaluation and 40 validation runs
-per side (the fewest the claimed eps ~1 allows at alpha = 1e-10 is 76), about 250 Opacus
-models per audit; without it 1000 and 500. The tables and each audit's log go to --out.
-The audits run side by side, one per core (--jobs), each on one thread.
+shuffled and noise_on_mean in the black box. --quick: the sequential audit (audit-impl
+--sequential) at alpha = 0.05, 10 validation runs per side, then evaluation runs in rounds
+of 20 and 30 per side, stopping at the first certified violation: at most 80 runs per
+audit (and the seed check's), each verdict at 95% confidence. Without it the fixed
+audit, 1000 evaluation and 500 validation runs per side at alpha = 1e-10. The tables and
+each audit's log go to --out. The audits run side by side, one per core (--jobs), each on
+one thread.
 """
 
 from __future__ import annotations
@@ -51,9 +54,10 @@ AUDITS = [("correct", "black-box"), ("shuffled", "black-box"),
 
 
 def audit(name: str, mode: str, runs: int, val_runs: int, out: Path, data_root, seed: int,
-          alpha: float | None = None):
-    """One audit-impl run (at its default alpha unless ``alpha``), its log in
-    OUT/NAME_MODE.log; its verdict line."""
+          alpha: float | None = None, sequential: bool = False):
+    """One audit-impl run (at its default alpha unless ``alpha``; with ``sequential`` at
+    most ``runs`` evaluation runs per side, in rounds), its log in OUT/NAME_MODE.log; its
+    verdict line."""
     import cases  # here, not at the top: --help needs no Opacus
     table = out / f"{name}_{mode}.csv"
     args = ["audit-impl", "--train", f"cases:{name}", "--mode", mode, "--runs", str(runs),
@@ -63,6 +67,8 @@ def audit(name: str, mode: str, runs: int, val_runs: int, out: Path, data_root, 
         args += ["--data-root", str(data_root)]
     if alpha is not None:
         args += ["--alpha", str(alpha)]
+    if sequential:
+        args.append("--sequential")
     start = time.perf_counter()
     with open(out / f"{name}_{mode}.log", "w") as log, contextlib.redirect_stderr(log):
         code = main(args)
@@ -71,8 +77,9 @@ def audit(name: str, mode: str, runs: int, val_runs: int, out: Path, data_root, 
         last = (out / f"{name}_{mode}.log").read_text().strip().splitlines()[-1:]
         return f"{name} ({mode}): audit failed (exit {code}): {' '.join(last)}"
     row = read_table(table)[0].iloc[0]
-    return (f"{name} ({mode}, {runs} + {val_runs} runs per side, {took:.0f} s): eps_LB "
-            f"{row.eps_lb:.2f} against Opacus' eps {row.claimed_eps:.3f}, profile test V "
+    how = f", sequential at alpha {row.alpha:g}, at most {runs}" if sequential else ""
+    return (f"{name} ({mode}, {row.runs} + {val_runs} runs per side{how}, {took:.0f} s): "
+            f"eps_LB {row.eps_lb:.2f} against Opacus' eps {row.claimed_eps:.3f}, profile test V "
             f"{row.profile_violation:+.3f}: {row.verdict}")
 
 
@@ -80,7 +87,9 @@ def main_(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="80 + 40 runs per side (default 1000 + 500)")
+                   help="the sequential audit at alpha 0.05: at most 30 evaluation runs per "
+                        "side, 10 validation runs (default: the fixed audit, 1000 + 500 at "
+                        "alpha 1e-10)")
     p.add_argument("--data-root", default=None, help="the data folder holding Fashion-MNIST "
                    "(default $DPAUDIT_DATA or ~/.cache/dpaudit/data; Debian's "
                    "dataset-fashion-mnist package is found without it)")
@@ -95,13 +104,15 @@ def main_(argv=None) -> int:
     p.add_argument("--val-runs", type=int, default=None, help="validation runs per side, as "
                    "--runs")
     p.add_argument("--alpha", type=float, default=None, help="the audits' alpha (default "
-                   "audit-impl's, 1e-10: at least 76 runs per side for these claims)")
+                   "0.05 with --quick, else audit-impl's, 1e-10: at least 76 runs per side "
+                   "for these claims)")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     p.add_argument("--jobs", type=int, default=cores or 1,
                    help="audits at once, one thread each (default: the cores at hand)")
     a = p.parse_args(argv)
-    runs, val_runs = (80, 40) if a.quick else (1000, 500)
+    runs, val_runs, alpha = (30, 10, 0.05) if a.quick else (1000, 500, None)
     runs, val_runs = a.runs or runs, a.val_runs or val_runs
+    alpha = alpha if a.alpha is None else a.alpha
     todo = AUDITS if a.only is None else list(dict.fromkeys(  # each once: one table each
         tuple(x.split(":", 1)) for x in a.only.split(",")))
     if not set(todo) <= set(AUDITS):
@@ -116,7 +127,7 @@ def main_(argv=None) -> int:
     # Opacus step about 16 times slower (measured).
     torch.set_num_threads(1)
     a.out.mkdir(parents=True, exist_ok=True)
-    args = [(name, mode, runs, val_runs, a.out, a.data_root, a.seed, a.alpha)
+    args = [(name, mode, runs, val_runs, a.out, a.data_root, a.seed, alpha, a.quick)
             for name, mode in todo]
     # Side by side in spawned processes, not forked: a forked torch may hang in its thread
     # pool. The lines in the order of the audits, each once it and those before it are done.

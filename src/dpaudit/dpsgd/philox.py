@@ -28,11 +28,12 @@ What runs where. On a GPU the words and the normals are one fused kernel each
 (``torch.compile``): done as separate tensor operations, the ten rounds' passes over the
 counters would move more bytes than the model's own step. On the CPU, a draw of at least
 :data:`CPU_BULK_BLOCKS` counter blocks per run and step (the trainer's noise and batches)
-takes its words from randomgen's Philox-4x32-10 in C (one generator, its key and counter set
-per run and step: its counter is incremented before each block, so it is set to the block
-before (0, step, stream, 0)), several times cheaper than the rounds as int64 tensor
-operations; a smaller draw keeps the tensor operations, whose cost is a fixed number of
-calls for all runs where randomgen's is a state change per run and step. Compiling on the
+takes its words from randomgen's Philox-4x32-10 in C (a generator per thread, its key and
+counter set per run and step: its counter is incremented before each block, so it is set to
+the block before (0, step, stream, 0); the runs and steps shared among torch's threads),
+several times cheaper than the rounds as int64 tensor operations; a smaller draw keeps the
+tensor operations, whose cost is a fixed number of calls for all runs where randomgen's is
+a state change per run and step. Compiling on the
 CPU is not used: it costs seconds per process and needs a C++ compiler, and its float64
 transcendentals need not be torch's eager kernels bit for bit. The Box-Muller transform is
 the same torch float64 operations on every CPU path, so the CPU's words and normals are
@@ -58,6 +59,9 @@ _MASK = 0xFFFFFFFF
 #: Counter blocks per run and step from which the CPU's draws are randomgen's (module
 #: docstring); smaller draws are the torch operations'.
 CPU_BULK_BLOCKS = 256
+#: Counter blocks of a bulk CPU draw turned into normals at once: a large draw's float64
+#: temporaries stay small (about 0.5 MB), not the size of the whole draw.
+_PIECE = 8192
 
 #: Streams of a run (the counter's third word): what each draw is for (batches: Poisson
 #: masks by step, shuffle permutations by epoch). A new stream leaves every other draw
@@ -125,37 +129,64 @@ def _box_muller(a, b):
     ``a`` the pairs' first words, ``b`` their second, (..., blocks, 2) int64 each. The
     transform is in float64, so that a device's own float64 rounding rarely shows in the
     float32 result; its float64 temporaries are contiguous whatever the words' strides
-    (the same kernels on every CPU path: the CPU's normals are the same bits)."""
+    (the same kernels on every CPU path: the CPU's normals are the same bits). The products
+    are contiguous float64 too, each rounded to float32 by one copy (a product written
+    straight into the float32 output's strided halves is several times slower on the CPU)."""
     r = a.double().add_(1).mul_(2.0 ** -32).log_().mul_(-2).sqrt_()
     theta = b.double().mul_(2 * math.pi * 2.0 ** -32)
     out = torch.empty(*r.shape, 2, dtype=torch.float32, device=r.device)
-    torch.mul(r, torch.cos(theta), out=out[..., 0])
-    torch.mul(r, theta.sin_(), out=out[..., 1])
+    out[..., 0] = torch.cos(theta).mul_(r)
+    out[..., 1] = theta.sin_().mul_(r)
     return out.flatten(-3)
 
 
-def _cpu_words(key: torch.Tensor, steps: list[int], stream: int, blocks: int) -> torch.Tensor:
-    """The words of :func:`_words` on the CPU, (K, S, 4 * blocks) int64, from randomgen's
-    Philox-4x32-10 in C: one generator whose state (key; counter) is set to each run's key
-    and to the counter block before (0, step, stream, 0), as its counter is incremented
-    before each block."""
+def _cpu_bulk(key: torch.Tensor, steps: list[int], stream: int, blocks: int,
+              normal: bool) -> torch.Tensor:
+    """The words of :func:`_words` on the CPU, (K, S, 4 * blocks) int64, or with ``normal``
+    their normals (:func:`_box_muller`, float32), from randomgen's Philox-4x32-10 in C: a
+    generator whose state (key; counter) is set to each run's key and to the counter block
+    before (0, step, stream, 0), as its counter is incremented before each block.
+
+    The (run, step) draws are shared among ``torch.get_num_threads()`` threads (randomgen
+    and torch release the GIL), each a generator of its own; a draw comes in pieces of
+    :data:`_PIECE` blocks, each turned into normals at once (the transform is elementwise:
+    the same bits as on the whole draw)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from randomgen import Philox
 
-    bg = Philox(key=0, number=4, width=32)
-    state = bg.state
-    state.update(buffer_pos=4, has_uint32=0)  # the buffer spent: the next word opens a block
-    out = np.empty((len(key), len(steps), 4 * blocks), dtype=np.uint64)
+    out = torch.empty((len(key), len(steps), 4 * blocks),
+                      dtype=torch.float32 if normal else torch.int64)
     counters = []
     for t in steps:
         c = ((stream << 64) | (t << 32)) - 1 & (1 << 128) - 1
         counters.append(np.array([c >> s & _MASK for s in (0, 32, 64, 96)], dtype=np.uint32))
-    for k, (k0, k1) in enumerate(key.tolist()):
-        run_key = np.array([k0, k1], dtype=np.uint32)
-        for s, counter in enumerate(counters):
-            state["state"] = {"counter": counter, "key": run_key}
+    run_keys = [np.array(k, dtype=np.uint32) for k in key.tolist()]
+    tasks = [(k, s) for k in range(len(run_keys)) for s in range(len(counters))]
+
+    def work(share: list[tuple[int, int]]) -> None:
+        bg = Philox(key=0, number=4, width=32)
+        state = bg.state
+        state.update(buffer_pos=4, has_uint32=0)  # the buffer spent: a word opens a block
+        for k, s in share:
+            state["state"] = {"counter": counters[s], "key": run_keys[k]}
             bg.state = state
-            out[k, s] = bg.random_raw(4 * blocks)
-    return torch.from_numpy(out.view(np.int64))
+            for lo in range(0, blocks, _PIECE):
+                n = min(_PIECE, blocks - lo)
+                words = torch.from_numpy(bg.random_raw(4 * n).view(np.int64))
+                if normal:
+                    pairs = words.view(n, 2, 2)
+                    out[k, s, 4 * lo:4 * (lo + n)] = _box_muller(pairs[..., 0], pairs[..., 1])
+                else:
+                    out[k, s, 4 * lo:4 * (lo + n)] = words
+
+    threads = min(torch.get_num_threads(), len(tasks))
+    if threads <= 1:
+        work(tasks)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(work, [tasks[i::threads] for i in range(threads)]))
+    return out
 
 
 _FUSED: dict = {}
@@ -227,10 +258,7 @@ def draw(kind: str, key: torch.Tensor, stream: int, steps, count: int, param: fl
     per_value = 2 if kind == "sort_keys" else 1
     blocks = -(-count * per_value // 4)
     if not fused and dev.type == "cpu" and blocks >= CPU_BULK_BLOCKS:
-        out = _cpu_words(key, c1.view(-1).tolist(), stream, blocks)
-        if kind == "normal":
-            pairs = out.view(*out.shape[:2], blocks, 2, 2)
-            out = _box_muller(pairs[..., 0], pairs[..., 1])
+        out = _cpu_bulk(key, c1.view(-1).tolist(), stream, blocks, kind == "normal")
     else:
         fn = _normals if kind == "normal" else _words
         out = (_fused(fn) if fused else fn)(k0, k1, c1, c2, blocks)

@@ -117,10 +117,13 @@ class Batches:
                           self.cfg.batch_size / self.n, fused=self.fused)
         if self.shared:
             return None, sel.to(self.dtype)
+        # nonzero lists each run's rows in order, runs in order: a row's slot in its
+        # run's batch is its place in that list less the run's start (work in the rows
+        # sampled, not in all n)
+        kk, jj = sel.nonzero(as_tuple=True)
         counts = sel.sum(1)
         width = max(1, int(counts.max()))  # one device sync per step
-        kk, jj = sel.nonzero(as_tuple=True)
-        pos = sel.cumsum(1).sub_(1)[kk, jj]
+        pos = torch.arange(len(kk), device=sel.device) - (counts.cumsum(0) - counts)[kk]
         idx = torch.zeros(len(sel), width, dtype=torch.long, device=sel.device)
         idx[kk, pos] = jj
         valid = torch.arange(width, device=sel.device) < counts.unsqueeze(1)
