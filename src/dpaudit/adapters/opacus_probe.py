@@ -287,8 +287,10 @@ def probe(train: Callable, X: torch.Tensor, y: torch.Tensor, seed: int) -> RunSu
     where it does not return ``(model, reported_eps)`` with a number >= 0, or takes no
     DPOptimizer step."""
     with instrumented() as rec, warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
-        # Opacus' per-example hooks make torch warn on every backward pass.
+        # Opacus' per-example hooks make torch warn on every backward pass, and every
+        # PrivacyEngine without secure_mode says so.
         warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
+        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG")
         out = train(X, y, seed)
     if not (isinstance(out, tuple) and len(out) == 2):
         raise ValueError(f"train must return (model, reported_eps); got {type(out).__name__}")

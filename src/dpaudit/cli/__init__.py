@@ -24,7 +24,7 @@ from ..io import BadInputFile, DataNotFound, unwritable
 #: then the pipeline's steps, which the workflow's rules run, then the checks users run.
 COMMANDS = ("tramer", "data", "hw3", "accounting", "ridge", "jagielski", "trials_needed",
             "onerun", "abadi", "report", "tight", "shuffle", "opacus_check",
-            "runs_needed")
+            "runs_needed", "flaws")
 DESCRIPTION = ("dpaudit: audit-impl audits your own DP training function "
                "(docs/audit_your_implementation.md); the other commands are the steps of the "
                "Snakemake pipeline, which its rules run. `dpaudit COMMAND --help` says more.")
@@ -174,6 +174,7 @@ COMMAND_MODULES = {
     "tight-whitebox-audit": "tight", "tight-blackbox-audit": "tight", "tight-table": "tight",
     "tight-plot": "tight", "shuffle-audit": "shuffle", "shuffle-plot": "shuffle",
     "opacus-check": "opacus_check", "runs-needed": "runs_needed",
+    "flaws": "flaws", "flaws-plot": "flaws", "flaws-md": "flaws",
 }
 
 
