@@ -98,10 +98,13 @@ def test_bad_flaw_and_scale_are_refused_by_name(tmp_path, capsys):
 
 def test_docs_table_is_the_kept_table():
     """docs/flaws.md holds `dpaudit flaws-md` of reference/flaws_audit.csv, line for line;
-    the kept table is the full scale, every fix passes, every flaw is found by some check."""
+    the kept table is the full scale, every fix passes, and every flaw is found by some
+    check but EASGM in the trainer, whose black box sees nothing at 1000 runs per side (in
+    Opacus it is the floored normaliser, found by the measured check)."""
     df, meta = read_table(KEPT, columns=flaws.COLUMNS)
     assert meta["spec"]["scale"] == "full" and set(df.scale) == {"full"}
     assert df.fix_passes.all()
-    assert set(df[df.detected].flaw) == set(df.flaw)
+    assert set(df.flaw) - set(df[df.detected].flaw) == {"EASGM"}
+    assert df[df.flaw == "floored normaliser"].detected.all()
     assert flaws.markdown(df) in (ROOT / "docs" / "flaws.md").read_text()
     assert read_provenance(KEPT)["seed"] == 0

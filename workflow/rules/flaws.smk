@@ -10,6 +10,8 @@ rule flaws_audit:
         "results/flaws_audit.csv",
     params:
         only=" ".join(f"--flaw {shlex.quote(f)}" for f in FLAWS["only"]),
+        scale=FLAWS["scale"],
+        alpha=FLAWS["alpha"],
         seed=config["seed"],
     threads: 1
     resources:
@@ -21,7 +23,7 @@ rule flaws_audit:
     conda:
         ENV
     shell:
-        "logged {log} dpaudit flaws --scale {FLAWS[scale]} --alpha {FLAWS[alpha]}"
+        "logged {log} dpaudit flaws --scale {params.scale} --alpha {params.alpha}"
         " {params.only} --seed {params.seed} --out {output}"
 
 

@@ -73,7 +73,8 @@ FLAWS = {
         "fixed-size shuffled batches (poisson_sampling=False) reported with Poisson "
         "accounting",
         "Chua et al. 2024, How Private are DP-SGD Implementations?"),
-    "EASGM": ("the noisy sum divided by the expected batch size of the data's rows, floored",
+    "EASGM": ("the noisy sum divided by the expected batch size of the data's rows, floored "
+              "(in Opacus: the floored normaliser)",
               "Rethinking the Security of DP-SGD (2026); meta-pytorch/opacus#819"),
     "ASGM": ("the noisy sum divided by the sampled batch size",
              "Rethinking the Security of DP-SGD (2026)"),
