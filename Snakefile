@@ -65,6 +65,7 @@ include: "workflow/rules/tramer.smk"
 include: "workflow/rules/abadi.smk"
 include: "workflow/rules/tight.smk"
 include: "workflow/rules/shuffle.smk"
+include: "workflow/rules/flaws.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -113,6 +114,7 @@ rule reference:
         "figures/reference/trials_needed.pdf",
         "figures/reference/tight_audit.pdf",
         "figures/reference/shuffle_audit.pdf",
+        "figures/reference/flaws_audit.pdf",
 
 
 # Last, when every rule is known: a target that no rule makes (common.smk).

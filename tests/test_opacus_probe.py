@@ -1,5 +1,5 @@
 """``dpaudit opacus-check`` (dpaudit.adapters.opacus_probe) on users' own Opacus training
-functions (tests/opacus_probe_cases.py): each flaw flagged with its numbers, checked against
+functions (dpaudit.adapters.opacus_flaws): each flaw flagged with its numbers, checked against
 Opacus' own accountants at the true parameters, and a correct loop left alone."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import torch
 
 pytest.importorskip("opacus")
 
-import opacus_probe_cases as cases  # noqa: E402
 from opacus.accountants import PRVAccountant, RDPAccountant  # noqa: E402
 from opacus.accountants.utils import get_noise_multiplier  # noqa: E402
 from opacus.optimizers.optimizer import DPOptimizer  # noqa: E402
 
 from dpaudit import shuffle_accounting  # noqa: E402
+from dpaudit.adapters import opacus_flaws as cases  # noqa: E402
 from dpaudit.adapters import opacus_probe as probe  # noqa: E402
 from dpaudit.cli import main  # noqa: E402
 
@@ -113,7 +113,7 @@ def test_n_and_n_plus_one_are_trained_differently():
 
 
 def test_division_by_the_sampled_batch_size_and_the_cli_exit_status(capsys):
-    assert main(["opacus-check", "--train", "opacus_probe_cases:sampled_mean", "--delta",
+    assert main(["opacus-check", "--train", "dpaudit.adapters.opacus_flaws:sampled_mean", "--delta",
                  "1e-5", "--n", "22"]) == probe.EXIT_FINDINGS
     out = capsys.readouterr().out
     assert "| normaliser (expected_batch_size) | sampled" in out
@@ -156,3 +156,15 @@ def test_a_bad_delta_is_refused_by_the_parser(capsys):
         main(["opacus-check", "--train", "m:f", "--delta", "2"])
     assert exc.value.code == 2 and "--delta" in capsys.readouterr().err
     assert not math.isnan(probe.ALPHA)
+
+
+def test_a_sample_rate_fixed_in_advance_trains_n_and_n_plus_one_alike():
+    """The fix of make_private's size-dependent sampling (opacus_flaws.fixed_rate): Poisson
+    at q = B / 20 and the divisor B on 20 and 21 rows alike, no finding; the reported eps
+    is Opacus' RDP at q 0.25, int(1 / q) = 4 steps per epoch."""
+    r = probe.check(cases.fixed_rate, 20, DELTA, pld=False)
+    assert r.findings == ()
+    a, b = r.runs
+    assert (a.q, b.q, a.steps, b.steps, a.sampling) == (0.25, 0.25, 20, 20, "poisson")
+    assert (a.divisor, b.divisor) == pytest.approx((5, 5), rel=1e-6)
+    assert a.reported_eps == pytest.approx(_eps(RDPAccountant, 1.0, 0.25, 20), rel=1e-6)

@@ -354,16 +354,22 @@ def true_eps(name: str, spec: dict, n: int, delta: float | None = None) -> float
     if SUBJECTS[name] in _NORMALISATION:
         raise ValueError(f"true_eps: the eps of {name!r} (normalisation "
                          f"{_NORMALISATION[SUBJECTS[name]]!r}) is not known")
+    actual, q, steps = actual_dpsgd(name, spec, n)
+    return accounting.epsilon(actual, q, steps, spec["delta"] if delta is None else delta,
+                              "pld")
+
+
+def actual_dpsgd(name: str, spec: dict, n: int) -> tuple[float, float, int]:
+    """``(sigma, q, T)`` that registry subject ``name`` really trains with for ``spec`` on
+    n examples: its noise std over the clipping norm, its Poisson rate and steps."""
     X = torch.zeros(n, 1)
     model, cfg, sigma, q, steps = _plan(X, torch.zeros(n, dtype=torch.long),
                                         {**spec, "n": n, "n_classes": 2})
-    actual = _NOISE_STD[SUBJECTS[name]](cfg, q, spec) / cfg.clip
-    return accounting.epsilon(actual, q, steps, spec["delta"] if delta is None else delta,
-                              "pld")
+    return _NOISE_STD[SUBJECTS[name]](cfg, q, spec) / cfg.clip, q, steps
 
 
 __all__ = ["SUBJECTS", "SUBJECT_KEYS", "TrainFn", "Predict", "dpsgd_fixed", "dpsgd_buggy",
            "dpsgd_half_steps", "dpsgd_half_noise", "dpsgd_shuffle", "dpsgd_shuffle_once",
            "dpsgd_easgm", "dpsgd_asgm",
            "model_spec", "train_columns", "canary_relation", "load_train_fn",
-           "claimed_noise_multiplier", "claimed_dpsgd", "true_eps"]
+           "claimed_noise_multiplier", "claimed_dpsgd", "true_eps", "actual_dpsgd"]

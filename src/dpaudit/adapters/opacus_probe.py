@@ -317,8 +317,10 @@ def probe(train: Callable, X: torch.Tensor, y: torch.Tensor, seed: int,
     DPOptimizer step. ``hooks``: :func:`instrumented`'s ``on_module`` and ``on_optimizer``."""
     with instrumented(**hooks) as rec, warnings.catch_warnings(), \
             torch.random.fork_rng(devices=[]):
-        # Opacus' per-example hooks make torch warn on every backward pass.
+        # Opacus' per-example hooks make torch warn on every backward pass, and every
+        # PrivacyEngine without secure_mode says so.
         warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
+        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG")
         out = train(X, y, seed)
     return _summary(rec, len(X), reported_eps(out))
 

@@ -197,13 +197,14 @@ def main(argv: list[str] | None = None) -> int:
 # The subcommands' modules import the helpers above, hence below them. Each imports at its
 # top only what its parser needs (no torch, no scipy: tests/test_conventions.py), and what
 # its job needs where the job runs, so that `dpaudit --help` and a plot job start quickly.
-from . import (abadi, accounting, data, hw3, jagielski, onerun, opacus_check,  # noqa: E402
-               report, ridge, runs_needed, shuffle, tight, tramer, trials_needed)
+from . import (abadi, accounting, data, flaws, hw3, jagielski, onerun,  # noqa: E402
+               opacus_check, report, ridge, runs_needed, shuffle, tight, tramer,
+               trials_needed)
 
 #: Subcommand modules, in help order: first the one users run themselves (audit-impl),
 #: then the pipeline's steps, which the workflow's rules run, then the checks users run.
 COMMANDS = (tramer, data, hw3, accounting, ridge, jagielski, trials_needed, onerun, abadi,
-            report, tight, shuffle, opacus_check, runs_needed)
+            report, tight, shuffle, opacus_check, runs_needed, flaws)
 
 
 if __name__ == "__main__":  # pragma: no cover

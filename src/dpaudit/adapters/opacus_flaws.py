@@ -1,10 +1,15 @@
-"""Users' own Opacus training functions, correct and flawed, for ``dpaudit opacus-check``
-(tests/test_opacus_probe.py): ``train(X, y, seed) -> (model, reported_eps)`` at delta
-:data:`DELTA`, batch size :data:`B`, :data:`EPOCHS` epochs, as a user writes them."""
+"""Opacus trainings as users write them, flawed and corrected: the subjects of ``dpaudit
+opacus-check`` and of the flaws table (:mod:`dpaudit.experiments.flaws`, docs/flaws.md).
+
+Each is ``train(X, y, seed) -> (model, reported_eps)``, the contract of
+:func:`dpaudit.adapters.opacus_probe.check`: its own DataLoader over ``(X, y)``, its own
+``make_private`` (or Opacus' low-level objects) and loop, at delta :data:`DELTA`, batch
+size :data:`B`, :data:`EPOCHS` epochs, returning the model and the epsilon it reports.
+:data:`TRAININGS` names them (``dpaudit opacus-check --train
+dpaudit.adapters.opacus_flaws:wrong_rate`` runs one); :data:`FIX` names each flawed one's
+corrected training. Importing this module needs Opacus."""
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from opacus import GradSampleModule, PrivacyEngine
@@ -16,9 +21,9 @@ from opacus.optimizers.optimizer import (DPOptimizer, _check_processed_flag,
 from torch import nn
 
 DELTA, B, EPOCHS, SIGMA, CLIP, LR = 1e-5, 5, 5, 1.0, 1.0, 0.1
-
-warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
-warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG")
+#: The data set's size as fixed in advance (public), which :func:`fixed_rate` takes its
+#: sample rate from: B / N_PUBLIC whatever the rows handed over.
+N_PUBLIC = 20
 
 
 def _setup(X, y, seed, accountant="rdp", **private):
@@ -84,20 +89,34 @@ class UnscaledNoise(DPOptimizer):
             _mark_as_processed(p.summed_grad)
 
 
-def unscaled_noise(X, y, seed, clip=4.0):
-    """Opacus' low-level API with UnscaledNoise at clip 4: noise multiplier 1 / 4, the
-    RDP accountant told 1."""
+def _low_level(X, y, seed, optimizer=DPOptimizer, clip=CLIP, sample_rate=None):
+    """Opacus' low-level API: GradSampleModule, a DPDataLoader (at ``sample_rate``, else
+    make_private's 1 / len(loader)), ``optimizer`` with expected_batch_size B, an RDP
+    accountant hooked to its steps; the eps it reports after EPOCHS epochs."""
     torch.manual_seed(seed)
     model = GradSampleModule(nn.Linear(X.shape[1], 2))
-    dl = DPDataLoader.from_data_loader(torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(X, y), batch_size=B))
-    opt = UnscaledNoise(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=SIGMA,
-                        max_grad_norm=clip, expected_batch_size=B)
+    data = torch.utils.data.TensorDataset(X, y)
+    dl = (DPDataLoader.from_data_loader(torch.utils.data.DataLoader(data, batch_size=B))
+          if sample_rate is None else DPDataLoader(data, sample_rate=sample_rate))
+    opt = optimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=SIGMA,
+                    max_grad_norm=clip, expected_batch_size=B)
     accountant = RDPAccountant()
     opt.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=dl.sample_rate))
     for _ in range(EPOCHS):
         _epoch(model, opt, dl)
     return model, accountant.get_epsilon(DELTA)
+
+
+def unscaled_noise(X, y, seed):
+    """Opacus' low-level API with UnscaledNoise at clip 4: noise multiplier 1 / 4, the
+    RDP accountant told 1."""
+    return _low_level(X, y, seed, UnscaledNoise, clip=4.0)
+
+
+def scaled_noise(X, y, seed):
+    """The fix of :func:`unscaled_noise`: Opacus' own DPOptimizer at clip 4 (noise std
+    noise_multiplier * max_grad_norm)."""
+    return _low_level(X, y, seed, clip=4.0)
 
 
 def shuffled(X, y, seed):
@@ -119,17 +138,13 @@ class SampledMean(DPOptimizer):
 
 def sampled_mean(X, y, seed):
     """The correct loop, but the noisy sum divided by the batch actually drawn."""
-    torch.manual_seed(seed)
-    model = GradSampleModule(nn.Linear(X.shape[1], 2))
-    dl = DPDataLoader.from_data_loader(torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(X, y), batch_size=B))
-    opt = SampledMean(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=SIGMA,
-                      max_grad_norm=CLIP, expected_batch_size=B)
-    accountant = RDPAccountant()
-    opt.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=dl.sample_rate))
-    for _ in range(EPOCHS):
-        _epoch(model, opt, dl)
-    return model, accountant.get_epsilon(DELTA)
+    return _low_level(X, y, seed, SampledMean)
+
+
+def low_level(X, y, seed):
+    """The fix of :func:`sampled_mean` and :func:`batch_clipping`: Opacus' own DPOptimizer
+    (per-example clipping, the noisy sum over the constant expected_batch_size)."""
+    return _low_level(X, y, seed)
 
 
 class BatchClipping(DPOptimizer):
@@ -147,14 +162,46 @@ class BatchClipping(DPOptimizer):
 def batch_clipping(X, y, seed):
     """The low-level loop with BatchClipping: one example can move the sum by far more
     than the clip when the others cancel it."""
-    torch.manual_seed(seed)
-    model = GradSampleModule(nn.Linear(X.shape[1], 2))
-    dl = DPDataLoader.from_data_loader(torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(X, y), batch_size=B))
-    opt = BatchClipping(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=SIGMA,
-                        max_grad_norm=CLIP, expected_batch_size=B)
-    accountant = RDPAccountant()
-    opt.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=dl.sample_rate))
+    return _low_level(X, y, seed, BatchClipping)
+
+
+def fixed_rate(X, y, seed):
+    """The fix of make_private's size-dependent sampling (meta-pytorch/opacus#571, #819)
+    and of :func:`shuffled`: Poisson batches at a sample rate fixed in advance, B /
+    :data:`N_PUBLIC`, whatever the rows handed over (int(N_PUBLIC / B) steps per epoch),
+    and Opacus' DPOptimizer dividing by the constant B, so that add/remove neighbours are
+    trained by the same mechanism."""
+    return _low_level(X, y, seed, sample_rate=B / N_PUBLIC)
+
+
+def right_rate(X, y, seed):
+    """The fix of :func:`wrong_rate`: sigma calibrated to eps 2 at the sample rate and steps
+    the training runs, the target reported."""
+    q = 1 / ((len(X) + B - 1) // B)
+    sigma = get_noise_multiplier(target_epsilon=2.0, target_delta=DELTA, sample_rate=q,
+                                 steps=EPOCHS * int(1 / q), accountant="rdp")
+    engine, model, opt, dl = _setup(X, y, seed, noise_multiplier=sigma)
     for _ in range(EPOCHS):
         _epoch(model, opt, dl)
-    return model, accountant.get_epsilon(DELTA)
+    return model, 2.0
+
+
+def all_epochs(X, y, seed):
+    """The fix of :func:`one_epoch`: eps read after the last epoch."""
+    engine, model, opt, dl = _setup(X, y, seed)
+    for _ in range(EPOCHS):
+        _epoch(model, opt, dl)
+    return model, engine.get_epsilon(DELTA)
+
+
+#: Every training here by name.
+TRAININGS = {f.__name__: f for f in (correct, wrong_rate, right_rate, one_epoch, all_epochs,
+                                     unscaled_noise, scaled_noise, shuffled, sampled_mean,
+                                     batch_clipping, low_level, fixed_rate)}
+#: Each flawed training's corrected one.
+FIX = {"wrong_rate": "right_rate", "one_epoch": "all_epochs",
+       "unscaled_noise": "scaled_noise", "shuffled": "fixed_rate",
+       "sampled_mean": "low_level", "batch_clipping": "low_level", "correct": "fixed_rate"}
+
+__all__ = ["DELTA", "B", "EPOCHS", "SIGMA", "CLIP", "LR", "N_PUBLIC", "TRAININGS", "FIX",
+           *TRAININGS, "UnscaledNoise", "SampledMean", "BatchClipping"]
