@@ -1,8 +1,8 @@
 """Package attributes imported on first use (PEP 562), so that a process that only reads a
 package's light names does not import what its other modules need: Snakemake's start-up
-builds the workflow from the experiments' grids and the models' shapes, and with every
-module imported at once it spent about 4 of its 5 seconds importing torch and the
-accountants. (It still imports torch to count the GPUs, except where
+builds the workflow from the experiments' grids and the models' shapes, and importing
+torch and the accountants would be most of its start-up (measured: docs/scale.md). (It
+still imports torch to count the GPUs, except where
 ``CUDA_VISIBLE_DEVICES`` hides them or ``--resources gpu=N`` gives the count:
 :func:`dpaudit.device.gpu_count`, ``workflow/rules/common.smk``.)"""
 
