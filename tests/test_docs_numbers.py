@@ -1,0 +1,120 @@
+"""The measured numbers the docs quote equal the kept tables behind them (reference/): a
+rerun that changes a result, or an edit of a page, shows here. Numbers in square brackets
+are of code this project replaced and are not kept; the pages say so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dpaudit.io import read_table
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+REFERENCE = ROOT / "reference"
+NUMBER = r"-?\d+(?:\.\d+)?"
+
+
+def doc_table(page: str, first_header: str) -> list[list[str]]:
+    """The rows (cells stripped, the header first) of the Markdown table of ``docs/page``
+    whose header row starts with ``| first_header |``."""
+    lines = (DOCS / page).read_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith(f"| {first_header} |"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return [rows[0], *rows[2:]]
+
+
+def first_number(cell: str) -> float:
+    """The cell's value: its first number (bold or not), before any bracket."""
+    return float(re.search(NUMBER, cell.replace("**", "")).group())
+
+
+def min_max(cell: str) -> tuple[float, float] | None:
+    """``(a-b)`` in round brackets, if the cell has it."""
+    found = re.search(rf"\(({NUMBER})-({NUMBER})\)", cell)
+    return (float(found.group(1)), float(found.group(2))) if found else None
+
+
+def assert_2dp(quoted: float, value: float, where) -> None:
+    """``quoted`` is ``value`` as the docs print it, to 2 decimals."""
+    assert quoted == pytest.approx(value, abs=0.005 + 1e-9), (where, quoted, value)
+
+
+# --- HW3 (docs/hw3.md): full config, 20 repeats, seed 0 ---
+
+HW3_COLUMNS = ("eps_lb_pure_hoeffding", "eps_lb_pure", "eps_lb_fdp", "eps_hat_max", "eps_gdp",
+               "eps_lb", "mu_lb")
+
+
+def _hw3(grid: str) -> pd.DataFrame:
+    df, meta = read_table(REFERENCE / f"hw3_eps_vs_{grid}.csv")
+    assert meta["command"] == "hw3-audit" and meta["spec"]["repeats"] == 20
+    assert meta["seed"] == 0
+    return df
+
+
+def _hw3_row(label: str) -> tuple[str, str]:
+    """(column, calibration) of a row label such as ``eps_lb_fdp analytic (before)``."""
+    word = label.replace("*", "").split()[0]
+    assert word in HW3_COLUMNS or word == "true", label
+    calibration = "analytic" if "analytic" in label else "classical"
+    return ("true_eps" if word == "true" else word), calibration
+
+
+@pytest.mark.parametrize("grid, header", [("eps", "eps"), ("m", "m"), ("d", "d")])
+def test_hw3_tables_quote_the_kept_means(grid, header):
+    """Each row of docs/hw3.md's three tables (but the `before` rows, of the replaced
+    sweep) is the mean over the 20 repeats of that column in the kept table."""
+    df = _hw3(grid)
+    rows = doc_table("hw3.md", header)
+    points = [float(x.replace("1e4", "10000").replace("1e5", "100000")) for x in rows[0][1:]]
+    checked = 0
+    for row in rows[1:]:
+        if row[0].endswith(", before"):
+            continue
+        column, calibration = _hw3_row(row[0])
+        means = df[df.calibration == calibration].groupby(header)[column].mean()
+        assert sorted(means.index) == sorted(points), (grid, row[0])
+        for point, cell in zip(points, row[1:]):
+            assert_2dp(first_number(cell), means[point], (grid, row[0], point))
+            checked += 1
+    assert checked >= 4 * len(points)
+
+
+# --- tight audits (docs/tight.md, "How many runs"): the kept white-box table ---
+
+def test_tight_how_many_runs_quotes_the_kept_white_box_rows():
+    """The label-2 white-box numbers of "How many runs": the 2-layer net's AUC of both
+    scores and what each certifies (and LR's), from reference/tight_whitebox.csv; the
+    0.39-GDP test's AUC and the 1-GDP eps are closed forms."""
+    from scipy.stats import norm
+
+    from dpaudit.bounds import eps_from_mu
+
+    df, _ = read_table(REFERENCE / "tight_whitebox.csv")
+    cell = df[df.eps_label.astype(str) == "2"].set_index(["arch", "method"])
+    text = (DOCS / "tight.md").read_text().split("### How many runs", 1)[1].split("\n#", 1)[0]
+    text = " ".join(text.split())
+    fnn, lr = cell.loc["fnn"], cell.loc["lr"]
+    assert_2dp(1.54, fnn.eps_th.iloc[0], "eps_th")
+    auc = float(re.search(rf"2-layer rows measure ({NUMBER}) for both scores", text).group(1))
+    for method in ("whitebox-llr", "whitebox-dot-sum"):
+        assert_2dp(auc, fnn.loc[method, "auc"], method)
+    quoted = re.search(rf"certifying ({NUMBER}) and ({NUMBER}) \(LR: ({NUMBER}) and ({NUMBER})\)",
+                       text)
+    assert quoted, text
+    values = [fnn.loc["whitebox-llr", "eps_lb"], fnn.loc["whitebox-dot-sum", "eps_lb"],
+              lr.loc["whitebox-llr", "eps_lb"], lr.loc["whitebox-dot-sum", "eps_lb"]]
+    for got, value in zip(map(float, quoted.groups()), values):
+        assert_2dp(got, value, "certified")
+    assert "Phi(0.39 / sqrt 2) = 0.61" in text
+    assert_2dp(0.61, norm.cdf(0.39 / 2 ** 0.5), "AUC of 0.39-GDP")
+    assert "eps 4.38 at delta 1e-5" in text
+    assert_2dp(4.38, eps_from_mu(1.0, 1e-5), "1-GDP")
