@@ -118,3 +118,25 @@ def test_tight_how_many_runs_quotes_the_kept_white_box_rows():
     assert_2dp(0.61, norm.cdf(0.39 / 2 ** 0.5), "AUC of 0.39-GDP")
     assert "eps 4.38 at delta 1e-5" in text
     assert_2dp(4.38, eps_from_mu(1.0, 1e-5), "1-GDP")
+# --- Abadi et al. (docs/abadi.md): the quick config's last epochs ---
+
+def test_abadi_quick_table_quotes_the_kept_last_epochs():
+    """docs/abadi.md's quick-config table: each level's last epoch, its train and test
+    accuracy (%, 1 decimal) and eps (2 decimals), from reference/abadi_accuracy_quick.csv."""
+    from dpaudit.experiments.abadi import summary
+
+    df, meta = read_table(REFERENCE / "abadi_accuracy_quick.csv")
+    assert meta["command"] == "abadi-table"
+    last = summary(df).set_index(["figure", "level"])
+    rows = doc_table("abadi.md", "figure")
+    quick = [r for r in rows[1:] if "n = 2,000" in r[1] or "n = 1,500" in r[1]]
+    assert len(quick) == len(last) == 6
+    for figure, data, level, epochs, train, test, eps, _ in quick:
+        got = last.loc[(f"fig{figure}", level.split()[0])]
+        where = (figure, level)
+        assert int(epochs) == got.epoch, where
+        assert float(train.rstrip("%")) == pytest.approx(100 * got.train_acc, abs=0.05), where
+        assert float(test.rstrip("%")) == pytest.approx(100 * got.test_acc, abs=0.05), where
+        assert_2dp(float(eps), got.eps, where)
+
+
