@@ -140,3 +140,47 @@ def test_abadi_quick_table_quotes_the_kept_last_epochs():
         assert_2dp(float(eps), got.eps, where)
 
 
+
+
+# --- one-run audits of DP-SGD (docs/onerun.md): the quick config ---
+
+def test_onerun_quick_numbers_quote_the_kept_runs():
+    """The quick paragraph of docs/onerun.md: the mean f-DP bound of the 2 runs per cell and
+    the quick Figure 2's ClipBKD cells beside them, from reference/onerun_*_quick.csv."""
+    runs, meta = read_table(REFERENCE / "onerun_dpsgd_quick.csv")
+    assert meta["spec"]["repeats"] == 2 and meta["train"]["epochs"] == 4
+    many, _ = read_table(REFERENCE / "onerun_many_model_quick.csv")
+    text = " ".join((DOCS / "onerun.md").read_text().split("The quick config (4 epochs", 1)[1]
+                    .split("![", 1)[0].split())
+
+    def mean(arch, threat, label):
+        cell = runs[(runs.arch == arch) & (runs.threat_model == threat)
+                    & (runs.eps_label.astype(str).isin([label, f"{label}.0"]))]
+        assert len(cell) == 2, (arch, threat, label)
+        return cell.eps_lb_fdp.mean()
+
+    found = re.search(rf"FNN white box ({NUMBER}) without noise \(both threat models\) and "
+                      rf"({NUMBER}) / ({NUMBER}) \(all / last iterate\) at label 4 \(eps_th "
+                      rf"({NUMBER}) for the gradient canaries\); LR white box ({NUMBER}) "
+                      rf"without noise, 0 at 4; black box 0 everywhere", text)
+    assert found, text
+    fnn_inf, fnn_all, fnn_last, eps_th, lr_inf = map(float, found.groups())
+    for threat in ("all-iterates", "last-iterate"):
+        assert_2dp(fnn_inf, mean("fnn", threat, "inf"), threat)
+        assert_2dp(lr_inf, mean("lr", threat, "inf"), threat)
+        assert mean("lr", threat, "4") == 0
+    assert_2dp(fnn_all, mean("fnn", "all-iterates", "4"), "fnn all")
+    assert_2dp(fnn_last, mean("fnn", "last-iterate", "4"), "fnn last")
+    dirac = runs[(runs.canary == "dirac") & (runs.eps_label.astype(str).isin(["4", "4.0"]))]
+    assert_2dp(eps_th, dirac.eps_th.iloc[0], "eps_th")
+    assert (runs[runs.threat_model == "black-box"].eps_lb_fdp == 0).all()
+    found = re.search(rf"\(40 models per side and k\): ({NUMBER}) without noise for both "
+                      rf"models \(({NUMBER}) best over k, [^)]*\), 0 at 4", text)
+    assert found, text
+    clipbkd, best = map(float, found.groups())
+    noise_free = many[many.eps_label.astype(str).isin(["inf"])]
+    assert len(noise_free) == 2 and (noise_free.trials == 40).all()
+    for _, row in noise_free.iterrows():
+        assert_2dp(clipbkd, row.eps_lb, row.arch)
+        assert_2dp(best, row.eps_lb_best_k, row.arch)
+    assert (many[many.eps_label.astype(str).isin(["4", "4.0"])].eps_lb == 0).all()
