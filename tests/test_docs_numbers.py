@@ -1,6 +1,6 @@
 """The measured numbers the docs quote equal the kept tables behind them (reference/): a
-rerun that changes a result, or an edit of a page, shows here. Numbers in square brackets
-are of code this project replaced and are not kept; the pages say so."""
+rerun that changes a result, or an edit of a page, shows here. Numbers the pages mark as
+"before" are of code this project replaced and are not kept; the pages say so."""
 
 from __future__ import annotations
 
@@ -34,12 +34,6 @@ def doc_table(page: str, first_header: str) -> list[list[str]]:
 def first_number(cell: str) -> float:
     """The cell's value: its first number (bold or not), before any bracket."""
     return float(re.search(NUMBER, cell.replace("**", "")).group())
-
-
-def min_max(cell: str) -> tuple[float, float] | None:
-    """``(a-b)`` in round brackets, if the cell has it."""
-    found = re.search(rf"\(({NUMBER})-({NUMBER})\)", cell)
-    return (float(found.group(1)), float(found.group(2))) if found else None
 
 
 def assert_2dp(quoted: float, value: float, where) -> None:
