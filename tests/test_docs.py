@@ -354,3 +354,38 @@ def test_image_digest_follows_the_code_not_the_file_times(tmp_path):
     assert sources.digest(files) == before
     (tmp_path / files[1]).write_bytes((ROOT / files[1]).read_bytes() + b"#")
     assert sources.digest(files) != before
+
+
+def _plots_imported_by(path: str) -> set[str]:
+    """The modules of ``dpaudit.plots`` that the plot module at ``path`` imports, directly
+    or through another plot module (``from .jagielski import ...``), as repository paths."""
+    import ast
+
+    seen, todo = set(), [path]
+    while todo:
+        tree = ast.parse((ROOT / todo.pop()).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                dep = f"src/dpaudit/plots/{node.module}.py"
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+    return seen
+
+
+def test_every_docs_image_names_each_plot_module_its_code_imports():
+    """An image's `drawn_by` holds every module of `dpaudit.plots` its drawing code imports
+    (the one-run figure takes its model names from the Jagielski plot module): a change
+    there changes the picture, so the freshness test must see it."""
+    manifest = _img_sources().load()
+    for name, entry in manifest.items():
+        plots = [p for p in entry["drawn_by"] if p.startswith("src/dpaudit/plots/")]
+        needed = set().union(*map(_plots_imported_by, plots)) if plots else set()
+        assert needed <= set(entry["drawn_by"]), (name, sorted(needed - set(entry["drawn_by"])))
+
+
+def test_the_import_walk_of_the_image_sources_follows_plot_modules():
+    """The walk finds a plot module's plot imports and theirs, and nothing outside plots."""
+    assert _plots_imported_by("src/dpaudit/plots/onerun.py") == {
+        "src/dpaudit/plots/jagielski.py", "src/dpaudit/plots/style.py"}
+    assert _plots_imported_by("src/dpaudit/plots/hw3.py") == {"src/dpaudit/plots/style.py"}

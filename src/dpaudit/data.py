@@ -48,8 +48,9 @@ import torch
 from .io import BadInputFile, DataNotFound, atomic_path, unwritable
 
 def _datasets():
-    """``torchvision.datasets``, imported on first use: importing torchvision takes about
-    1.5 s, which every training job (that reads a task file, not images) would pay."""
+    """``torchvision.datasets``, imported on first use: importing torchvision takes seconds
+    (docs/scale.md), which every training job (that reads a task file, not images) would
+    pay."""
     import torchvision.datasets
 
     return torchvision.datasets

@@ -23,7 +23,7 @@ rule shuffle_audit:
     resources:
         # Model-steps (both sides, every subject and mates): 2 CPU cores, one thread,
         # measured with the full config (770 s for 8.6 M); one H100 not measured, a
-        # projection from the tight white box's rate (docs/scale.md).
+        # projection from the tight white box's rate (docs/scale.md, "Job sizes").
         **job(
             mem_mb=2000,
             cpu_s=9e-5,

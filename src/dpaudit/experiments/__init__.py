@@ -1,5 +1,5 @@
-"""One module per reproduced paper or homework: build the neighbouring data sets (or the
-canaries), train, score, call :mod:`dpaudit.bounds`, and assemble the result table.
+"""One module per reproduced paper, homework or study: build the neighbouring data sets (or
+the canaries), train, score, call :mod:`dpaudit.bounds`, and assemble the result table.
 
 - :mod:`.gaussian_sum`  one-run audits of the Gaussian sum mechanism (the HW3 homework, Q2)
 - :mod:`.ridge`         one-run audits of private ridge regression (the HW3 homework, Q1)
@@ -8,6 +8,14 @@ canaries), train, score, call :mod:`dpaudit.bounds`, and assemble the result tab
                         training function a user names
 - :mod:`.onerun`        one-run audits of DP-SGD (Steinke, Nasr, Jagielski 2023; Mahloujifar,
                         Melis, Chaudhuri 2025) beside the many-model audits
+- :mod:`.tight`         tight audits of DP-SGD under each threat model (Nasr et al. 2023;
+                        Annamalai and De Cristofaro 2024)
+- :mod:`.shuffle`       the shuffling gap: shuffled batches accounted as Poisson sampling,
+                        audited white box
+- :mod:`.abadi`         the training curves of Abadi et al. 2016 (Figures 3 and 6)
+- :mod:`.trials_needed` how many trials each way from counts to epsilon needs
+- :mod:`.runs_needed`   how many runs per side would catch a bug, before they are spent
+- :mod:`.checks`        the start-up check of limits that relate several config keys
 
 The reusable pieces live in concept modules: :mod:`dpaudit.bounds` (score -> epsilon),
 :mod:`dpaudit.canaries`, :mod:`dpaudit.dpsgd`, :mod:`dpaudit.trials` (the train-and-score

@@ -24,10 +24,10 @@ Two scores per run (higher = "canary in"), one output row each:
     The paper's statistic, the sum over steps of <theta_t - theta_{t+1}, g>, which
     telescopes to <theta_0 - theta_T, g>: it needs only the first and last iterates and
     weighs a step without the canary as much as one with it. Where a step's mu is small
-    the likelihood ratio is nearly linear in z_t and the two scores agree (FMNIST at eps 2
-    below: AUC 0.58 both); where it is large and q < 1 the likelihood ratio is far
-    stronger (sigma = 0.5, q = 0.1, T = 10, 500 runs per side: eps_lb 1.45 against 0.29);
-    at q = 1 they are the same test. Kept as the comparison the paper draws.
+    the likelihood ratio is nearly linear in z_t and the two scores agree; where it is
+    large and q < 1 the likelihood ratio is stronger, as it weighs only the steps that
+    sampled the canary; at q = 1 they are the same test. Kept as the comparison the paper
+    draws (measured: docs/tight.md).
 
 Statistics (:mod:`dpaudit.bounds`), runs in seed order, the first ``select_frac`` of each
 side choosing the threshold and the rest evaluating it: ``eps_lb``, the Clopper-Pearson
@@ -36,12 +36,9 @@ any score); ``mu_lb``, the Gaussian-DP lower bound at the same split, and ``eps_
 eps at ``delta`` of a ``mu_lb``-GDP mechanism: an estimate, as subsampled DP-SGD is not
 exactly Gaussian; ``tpr``, ``fpr`` and ``auc`` on the evaluation runs.
 
-How many runs: on FMNIST with Jagielski et al.'s 2-layer net at their eps 2 (noise 2.68,
-q = 1/24, T = 576; ``eps_th`` 1.54), 200 runs per side certify nothing (AUC 0.58 over all
-runs for both scores, the data-free mechanism's 0.60): the composed mechanism is close to
-0.39-GDP, and simulated 0.39-GDP scores need about 10^4 runs per side for an ``eps_lb`` of
-0.4 to 0.7 at ``alpha`` 0.05. A mechanism that leaks more per run needs fewer: on the
-Gaussian mechanism (T = 1, q = 1, sigma = 1, 1-GDP) 500 runs per side certify 1.0 of 4.4.
+How many runs: at Jagielski et al.'s noise the composed mechanism is close to mu-GDP with a
+small mu, so the runs per side needed to certify a positive eps grow fast as eps_th falls;
+a mechanism that leaks more per run needs fewer (docs/tight.md, "How many runs").
 """
 
 from __future__ import annotations
