@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import SpecError, subset_schema, validate_section
@@ -66,113 +67,163 @@ def _positive_int(value: int, name: str, low: int = 1) -> int:
     return value
 
 
-def _check(train, eps, delta, alpha, runs: int, val_runs: int, n_train: int, batch_runs: int,
-           classes, label, spec: dict, device: str | None = None, seed_check: int | None = None,
-           max_diverged: float = 0.0, mode: str = "black-box", n_aux: int = 500,
-           call_limit: float = CALL_LIMIT, mates: float = 0.0, opacus_loop: bool = False) -> dict:
-    """Every check that can fail before training: claim, run counts, functions, specs,
-    the integrity checks' options, the mode and whether each function allows it;
-    ``device``: where the registry subjects train unless ``spec`` names a device;
-    ``seed_check`` None: the default number of seeds; ``call_limit``: seconds per call of
-    a training function (0: none); ``mates``: the white-box canary's crafted batch mates;
-    ``opacus_loop``: each ``--train`` a user's ``train(X, y, seed) -> (model,
-    reported_eps)`` (:class:`dpaudit.adapters.opacus_loop.OpacusLoop`), its claim the eps
-    it reports (``eps`` None or only recorded; runs checked against it by :func:`_enough`
-    once it is known), its spec measured (``spec`` must be empty)."""
-    from .. import subjects
-    from ..experiments import tramer
+@dataclass(frozen=True)
+class Request:
+    """The inputs of an audit as given (``audit-impl``'s options or ``tramer-audit``'s
+    config section), before :func:`_check`: ``train`` the targets; ``eps``, ``delta``,
+    ``alpha`` as given (text or numbers); ``device``: where the registry subjects train
+    unless ``spec`` names a device; ``seed_check`` None: the default number of seeds;
+    ``call_limit``: seconds per call of a training function (0: none); ``mates``: the
+    white-box canary's crafted batch mates; ``opacus_loop``: each ``--train`` a user's
+    ``train(X, y, seed) -> (model, reported_eps)``
+    (:class:`dpaudit.adapters.opacus_loop.OpacusLoop`), its claim the eps it reports
+    (``eps`` None or only recorded), its spec measured (``spec`` must be empty)."""
 
-    if eps is None and not opacus_loop:
+    train: list
+    eps: object
+    delta: object
+    alpha: object
+    runs: int
+    val_runs: int
+    n_train: int
+    batch_runs: int
+    classes: list
+    label: int | None
+    spec: dict
+    device: str | None = None
+    seed_check: int | None = None
+    max_diverged: float = 0.0
+    mode: str = "black-box"
+    n_aux: int = 500
+    call_limit: float = CALL_LIMIT
+    mates: float = 0.0
+    opacus_loop: bool = False
+
+
+def _check(r: Request) -> dict:
+    """Every check that can fail before training: claim, run counts, functions, specs,
+    the integrity checks' options, the mode and whether each function allows it; the
+    plan :func:`_run` follows. With ``opacus_loop`` the runs are checked against the claim
+    by :func:`_enough` once it is known."""
+    if r.eps is None and not r.opacus_loop:
         raise SpecError("--eps (claimed epsilon): required (optional only with --opacus-loop, "
                         "whose claim is the eps the training reports)")
-    eps = None if eps is None else _number(eps, "--eps (claimed epsilon)", 0.0)
-    delta = _number(delta, "--delta (claimed delta)", 0.0, 1.0)
-    alpha = _number(alpha, "--alpha (1 - confidence)", 0.0, 1.0)
-    need = None if opacus_loop else _enough(runs, eps, delta, alpha)
-    if opacus_loop and spec:
-        raise SpecError(f"--spec {json.dumps(spec)}: not with --opacus-loop, whose spec is "
+    eps = None if r.eps is None else _number(r.eps, "--eps (claimed epsilon)", 0.0)
+    delta = _number(r.delta, "--delta (claimed delta)", 0.0, 1.0)
+    alpha = _number(r.alpha, "--alpha (1 - confidence)", 0.0, 1.0)
+    need = None if r.opacus_loop else _enough(r.runs, eps, delta, alpha)
+    if r.opacus_loop and r.spec:
+        raise SpecError(f"--spec {json.dumps(r.spec)}: not with --opacus-loop, whose spec is "
                         "measured from the training itself")
-    if val_runs < MIN_VAL_RUNS:
-        raise SpecError(f"--val-runs={val_runs}: must be an integer >= {MIN_VAL_RUNS} "
+    seed_check = _check_options(r)
+    plans, claims = [], {}
+    for target in r.train:
+        target_plan, claims[target] = _plan_one(r, target, eps, delta)
+        plans.append(target_plan)
+    return {"eps": eps, "delta": delta, "alpha": alpha, "min_runs": need, "classes": r.classes,
+            "plans": plans, "claims": claims, "runs": r.runs, "val_runs": r.val_runs,
+            "n_train": r.n_train, "batch_runs": r.batch_runs, "label": r.label,
+            "seed_check": seed_check, "max_diverged": r.max_diverged, "mode": r.mode,
+            "n_aux": r.n_aux, "call_limit": r.call_limit, "mates": r.mates,
+            "opacus_loop": r.opacus_loop}
+
+
+def _check_options(r: Request) -> int:
+    """The checks of ``r``'s options other than the claim and the functions; the number of
+    seeds of the seed check."""
+    from ..experiments import tramer
+
+    if r.val_runs < MIN_VAL_RUNS:
+        raise SpecError(f"--val-runs={r.val_runs}: must be an integer >= {MIN_VAL_RUNS} "
                         "(validation runs per side that choose the threshold)")
-    _positive_int(n_train, "--n-train", 2)
-    _positive_int(batch_runs, "--batch-runs")
-    if not (call_limit == 0 or 0 < call_limit < math.inf):
-        raise SpecError(f"--call-timeout={call_limit!r}: must be a number of seconds > 0 "
+    _positive_int(r.n_train, "--n-train", 2)
+    _positive_int(r.batch_runs, "--batch-runs")
+    if not (r.call_limit == 0 or 0 < r.call_limit < math.inf):
+        raise SpecError(f"--call-timeout={r.call_limit!r}: must be a number of seconds > 0 "
                         "(0: no limit)")
-    if mode == "worst-case-init":
-        _positive_int(n_aux, "--n-aux")
-    if not -1 <= mates <= 1:  # nan fails too
-        raise SpecError(f"--mates={mates!r}: must be a number in [-1, 1] (each batch mate's "
+    if r.mode == "worst-case-init":
+        _positive_int(r.n_aux, "--n-aux")
+    if not -1 <= r.mates <= 1:  # nan fails too
+        raise SpecError(f"--mates={r.mates!r}: must be a number in [-1, 1] (each batch mate's "
                         f"gradient along the canary, in units of it)")
-    if mates and mode != "white-box":
-        raise SpecError(f"--mates={mates:g}: only with --mode white-box (the gradient canary's "
-                        f"batch mates), not --mode {mode}")
-    seed_check = tramer.SEED_CHECK if seed_check is None else seed_check
+    if r.mates and r.mode != "white-box":
+        raise SpecError(f"--mates={r.mates:g}: only with --mode white-box (the gradient "
+                        f"canary's batch mates), not --mode {r.mode}")
+    seed_check = tramer.SEED_CHECK if r.seed_check is None else r.seed_check
     try:
-        tramer.check_options(seed_check, max_diverged)
+        tramer.check_options(seed_check, r.max_diverged)
     except ValueError as exc:
         raise SpecError(str(exc)) from exc
+    classes, label = r.classes, r.label
     if (len(classes) < 2 or len(set(classes)) != len(classes)
             or not all(0 <= c <= 9 for c in classes)):
         raise SpecError(f"--classes={classes!r}: must be >= 2 distinct FMNIST classes in 0..9")
     if label is not None and not 0 <= label < len(classes):
         raise SpecError(f"--label={label}: must be a class index in 0..{len(classes) - 1}")
-    if len(set(train)) != len(train):
-        raise SpecError(f"--train {train}: each implementation at most once")
-    plans, claims = [], {}
-    for target in train:
-        try:
-            fn = subjects.load_train_fn(target)
-        except ValueError as exc:
-            raise SpecError(str(exc)) from exc
-        if opacus_loop:
-            if fn in subjects.SUBJECTS.values():
-                raise SpecError(f"--train {target} --opacus-loop: a registry subject, not a "
-                                "user's train(X, y, seed) -> (model, reported_eps)")
-            from ..adapters.opacus_loop import OpacusLoop
+    if len(set(r.train)) != len(r.train):
+        raise SpecError(f"--train {r.train}: each implementation at most once")
+    return seed_check
 
-            plans.append((target, OpacusLoop(target), {}))
-            claims[target] = None  # the profile test's, from the claim the training reports
-            continue
-        try:
-            tramer.check_mode(fn, mode)
-        except ValueError as exc:
-            raise SpecError(f"--train {target} --mode {mode}: {exc}") from exc
-        if mode == "white-box":
-            try:
-                tramer.whitebox_clip(spec)
-            except ValueError as exc:
-                raise SpecError(f"--spec for {target!r} --mode white-box: {exc}") from exc
-        target_spec = dict(spec)
+
+def _plan_one(r: Request, target: str, eps: float | None, delta: float):
+    """((target, training function, spec), claimed DP-SGD or None) of one ``--train``
+    target, checked; the claim None with --opacus-loop too (the profile test's, from the
+    claim the training reports)."""
+    from .. import subjects
+    from ..experiments import tramer
+
+    try:
+        fn = subjects.load_train_fn(target)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from exc
+    if r.opacus_loop:
         if fn in subjects.SUBJECTS.values():
-            clash = sorted(set(target_spec) & set(_INJECTED))
-            if clash:
-                raise SpecError(f"--spec keys {clash} are set by the audit for registry subject "
-                                f"{target!r} (from --eps, --delta and --n-train); remove them")
-            target_spec.update(eps=eps, delta=delta, n=n_train)
-            if device is not None:
-                target_spec.setdefault("device", device)
-            try:
-                sigma = subjects.claimed_noise_multiplier(target_spec, n_train, fn)
-            except ValueError as exc:
-                raise SpecError(f"--spec for {target!r}: {exc}") from exc
-            print(f"audit-impl: {target}: noise multiplier {sigma:.4g} calibrated to "
-                  f"({eps:g}, {delta:g})-DP", file=sys.stderr)
+            raise SpecError(f"--train {target} --opacus-loop: a registry subject, not a "
+                            "user's train(X, y, seed) -> (model, reported_eps)")
+        from ..adapters.opacus_loop import OpacusLoop
+
+        return (target, OpacusLoop(target), {}), None
+    try:
+        tramer.check_mode(fn, r.mode)
+    except ValueError as exc:
+        raise SpecError(f"--train {target} --mode {r.mode}: {exc}") from exc
+    if r.mode == "white-box":
         try:
-            claims[target] = subjects.claimed_dpsgd(target_spec, eps, delta, n_train)
+            tramer.whitebox_clip(r.spec)
         except ValueError as exc:
-            raise SpecError(f"--spec for {target!r}: {exc}") from exc
-        print(f"audit-impl: {target}: " + (
-            "no profile test: the spec names neither q and steps nor batch_size and epochs"
-            if claims[target] is None else "profile test against correct DP-SGD at noise "
-            "multiplier {:.4g}, q = {:g}, T = {}".format(*claims[target])), file=sys.stderr)
-        plans.append((target, fn, target_spec))
-    return {"eps": eps, "delta": delta, "alpha": alpha, "min_runs": need, "classes": classes,
-            "plans": plans, "claims": claims, "runs": runs, "val_runs": val_runs,
-            "n_train": n_train, "batch_runs": batch_runs, "label": label, "seed_check": seed_check,
-            "max_diverged": max_diverged, "mode": mode, "n_aux": n_aux,
-            "call_limit": call_limit, "mates": mates, "opacus_loop": opacus_loop}
+            raise SpecError(f"--spec for {target!r} --mode white-box: {exc}") from exc
+    spec = _registry_spec(r, target, fn, eps, delta) if fn in subjects.SUBJECTS.values() \
+        else dict(r.spec)
+    try:
+        claim = subjects.claimed_dpsgd(spec, eps, delta, r.n_train)
+    except ValueError as exc:
+        raise SpecError(f"--spec for {target!r}: {exc}") from exc
+    print(f"audit-impl: {target}: " + (
+        "no profile test: the spec names neither q and steps nor batch_size and epochs"
+        if claim is None else "profile test against correct DP-SGD at noise "
+        "multiplier {:.4g}, q = {:g}, T = {}".format(*claim)), file=sys.stderr)
+    return (target, fn, spec), claim
+
+
+def _registry_spec(r: Request, target: str, fn, eps: float, delta: float) -> dict:
+    """The spec of registry subject ``target``: ``r.spec`` with the claim, the data size
+    and the device the audit sets, its noise multiplier calibrated to the claim."""
+    from .. import subjects
+
+    clash = sorted(set(r.spec) & set(_INJECTED))
+    if clash:
+        raise SpecError(f"--spec keys {clash} are set by the audit for registry subject "
+                        f"{target!r} (from --eps, --delta and --n-train); remove them")
+    spec = {**r.spec, "eps": eps, "delta": delta, "n": r.n_train}
+    if r.device is not None:
+        spec.setdefault("device", r.device)
+    try:
+        sigma = subjects.claimed_noise_multiplier(spec, r.n_train, fn)
+    except ValueError as exc:
+        raise SpecError(f"--spec for {target!r}: {exc}") from exc
+    print(f"audit-impl: {target}: noise multiplier {sigma:.4g} calibrated to "
+          f"({eps:g}, {delta:g})-DP", file=sys.stderr)
+    return spec
 
 
 def _enough(runs: int, eps: float, delta: float, alpha: float) -> int:
@@ -190,21 +241,25 @@ def _enough(runs: int, eps: float, delta: float, alpha: float) -> int:
     return need
 
 
-def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Path,
-         losses_path: Path | None, provenance: dict, store: Path | None = None) -> None:
-    """Train, audit and write the two tables of a checked ``plan``; with ``store``, keep
-    each implementation's batches of runs in ``store/<implementation>`` (the registry
-    subjects of one spec trained as columns of the same calls)."""
-    import re
+@dataclass(frozen=True)
+class _Data:
+    """The data of an audit: ``X``, ``y`` the training set, the first --n-train rows of
+    ``X_all``, ``y_all``; ``aux`` the rows after them the worst-case init is pre-trained on
+    (None in the other modes); ``test`` the test split of the same classes."""
 
-    import pandas as pd
+    X_all: object
+    y_all: object
+    X: object
+    y: object
+    aux: slice | None
+    test: tuple
+
+
+def _load(plan: dict, root, download: bool) -> _Data:
+    """The data of a checked ``plan``; a SpecError where the classes have too few rows."""
     import torch
 
-    from .. import canaries, subjects
-    from ..device import describe, reproduce_key
-    from ..experiments import tramer
     from ..data import load_fmnist
-    from ..io import array_digest, write_table
 
     X_all, y_all = load_fmnist(root, classes=plan["classes"], download=download)
     n_train, mode = plan["n_train"], plan["mode"]
@@ -220,96 +275,39 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
     # Every model's accuracy on the whole test split of the same classes.
     test = tuple(torch.as_tensor(a) for a in load_fmnist(root, classes=plan["classes"],
                                                          train=False, download=download))
-    canary = canaries.make_canary(canary_kind, X, y, plan["label"])
+    return _Data(X_all, y_all, X, y, aux, test)
+
+
+def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Path,
+         losses_path: Path | None, provenance: dict, store: Path | None = None) -> None:
+    """Train, audit and write the two tables of a checked ``plan``; with ``store``, keep
+    each implementation's batches of runs in ``store/<implementation>`` (the registry
+    subjects of one spec trained as columns of the same calls)."""
+    import functools
+
+    from .. import canaries, subjects
+    from ..device import describe
+
+    data = _load(plan, root, download)
+    canary = canaries.make_canary(canary_kind, data.X, data.y, plan["label"])
     # Where dpaudit's trainer runs each registry subject (its spec's `device`); a user's
     # function chooses its own.
     registry = [(t, s) for t, fn, s in plan["plans"] if fn in subjects.SUBJECTS.values()]
     devices = {t: describe(s.get("device", "auto")) for t, s in registry}
-    kept = {}
-    if store is not None:  # what a kept batch of runs depends on, per implementation
-        common = {"seed": seed, "data_sha256": array_digest({"X": X, "y": y}),
-                  "canary": [canary_kind, plan["label"]], "trainer": tramer.trainer_digest()}
-        # Only the registry subjects (the digest does not cover a user's code); those of
-        # one spec train as columns of one call, which the key names (a column's models
-        # equal a subject's alone to float rounding only).
-        kept = {target: (fn, store / re.sub(r"[^A-Za-z0-9]+", "_", target),
-                         {"implementation": target, "spec": spec, **common,
-                          **({} if mode == "black-box" else {"mode": mode,
-                                                             "n_aux": plan["n_aux"]}),
-                          **({"mates": plan["mates"]} if plan["mates"] else {}),
-                          "device": reproduce_key(spec.get("device", "auto")),
-                          "columns": sorted(t for t, s in registry if s == spec)})
-                for target, fn, spec in plan["plans"] if (target, spec) in registry}
+    kept = {} if store is None else _kept(plan, registry, store, seed, data, canary_kind)
     rows, losses = [], []
     for target, fn, spec in plan["plans"]:
         _, where, key = kept.get(target, (fn, None, None))
         # Trained beside it where both are registry subjects (subjects.train_columns).
         together = {t: kept[t] for t, _, s in plan["plans"] if t != target and t in kept
-                    and s == spec and mode == "black-box"}
-
-        def inputs(spec: dict, claim) -> dict:
-            """The profile test of ``claim`` and the worst-case init of ``spec``'s model."""
-            init = None
-            if aux is not None:
-                model = subjects.model_spec(spec, X.shape[1], len(plan["classes"]))
-                init = tramer.pretrained_init(torch.as_tensor(X_all[aux]),
-                                              torch.as_tensor(y_all[aux]), model, seed)
-            return {"init": init,
-                    "profile": None if claim is None else tramer.claimed_profile(*claim)}
-
+                    and s == spec and plan["mode"] == "black-box"}
         loop = {}  # --opacus-loop: the claim the training reports, once measured
-
-        def prepare(train_fn, target=target, loop=loop):
-            loop.update(_loop_claim(plan, target, train_fn, X, y, canary, seed))
-            spec = loop["spec"]
-            claim = subjects.claimed_dpsgd(spec, loop["eps"], plan["delta"], n_train) \
-                if "q" in spec else None
-            print(f"audit-impl: {target}: " + (
-                f"no profile test: {loop['profile']}" if claim is None else "profile test "
-                "against correct DP-SGD at noise multiplier {:.4g}, q = {:g}, T = {}".format(
-                    *claim)), file=sys.stderr)
-            return {**plan, "eps": loop["eps"]}, spec, inputs(spec, claim)
-
-        more = {"prepare": prepare} if plan["opacus_loop"] else \
-            inputs(spec, plan["claims"][target])
-        try:
-            row, loss = _audit_one(plan, target, fn, X, y, canary, spec, seed, test=test,
-                                   store=where, key=key, together=together, **more)
-        except tramer.Unauditable as exc:
-            raise SpecError(f"--train {target}: cannot be audited, no result written: "
-                            f"{exc}") from exc
-        except tramer.UserCodeFailed as exc:
-            if exc.timed_out:
-                raise SpecError(f"--train {target}: {exc.call} ran past the per-call time "
-                                f"limit of {exc.limit:g} s (--call-timeout); no result "
-                                "written") from None
-            if exc.__cause__ is not None and fn in subjects.SUBJECTS.values():
-                raise exc.__cause__  # dpaudit's own code: its traceback
-            if exc.trace:  # the user's frames (and their libraries'), not dpaudit's
-                print(exc.trace, end="", file=sys.stderr)
-            raise SpecError(f"--train {target}: {exc.call} {exc.what}; no result "
-                            "written") from None
-        checked = (f"{row['seed_check']} seeds re-trained before the runs, and "
-                   f"{row['seed_check']} runs of each side after them: deterministic"
-                   if row["seed_check"] else "seeds not checked")
-        accuracy = (f"test accuracy {row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
-                    f"{row['test_acc_max']:.3f})" if "test_acc_mean" in row
-                    else "no test accuracy (white-box runs return no model)")
-        tested = (f"; profile test: delta_LB {row['delta_lb']:.4g} against the claimed "
-                  f"{row['delta_claim_at_eps_star']:.4g} at eps {row['eps_star']:.2f}, "
-                  f"{'violated' if row['profile_violated'] else 'not violated'}"
-                  if "profile_violated" in row else "")
-        print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
-              f"{row['eps_lb']:.3f} (claimed eps {row['claimed_eps']:g}){tested}: "
-              f"{row['verdict']}; "
-              f"{row['usable_runs']} of {row['total_runs']} runs usable "
-              f"({row['diverged_runs']} diverged, counted as out); {checked}; {accuracy}",
-              file=sys.stderr)
-        if "looks" in row:
-            print(f"audit-impl: {target}: sequential: stopped ({row['stop_reason']}) at look "
-                  f"{row['looks']}, {row['runs_in']} + {row['runs_out']} evaluation runs "
-                  f"(in + out) of at most {plan['runs']} per side; bounds anytime-valid at "
-                  f"confidence 1 - {plan['alpha']:g}", file=sys.stderr)
+        more = ({"prepare": functools.partial(_loop_prepare, plan, target, data, canary, seed,
+                                              loop)} if plan["opacus_loop"]
+                else _inputs(plan, data, seed, spec, plan["claims"][target]))
+        row, loss = _audit_or_refuse(plan, target, fn, data, canary, spec, seed, store=where,
+                                     key=key, together=together, **more)
+        _report(plan, target, row)
         if loop:  # the claim's source, both reports and the relation actually trained
             row.update(claim_source="reported by train", reported_eps_n=loop["reported"][0],
                        reported_eps_n1=loop["reported"][1], rows_without=loop["rows"][0],
@@ -317,9 +315,128 @@ def _run(plan: dict, canary_kind: str, root, download: bool, seed: int, out: Pat
                        given_eps=math.nan if plan["eps"] is None else plan["eps"],
                        measured_spec=json.dumps(loop["spec"], sort_keys=True),
                        measured=json.dumps(loop["measured"]))
-        rows.append({"implementation": target, **row,
-                     "min_runs": loop.get("min_runs", plan["min_runs"]), "n_train": n_train})
+        rows.append({"implementation": target, **row, "min_runs": loop.get(
+            "min_runs", plan["min_runs"]), "n_train": plan["n_train"]})
         losses.append(loss.assign(implementation=target))
+    _write(rows, losses, devices, provenance, out, losses_path)
+
+
+def _kept(plan: dict, registry: list, store: Path, seed: int, data: _Data,
+          canary_kind: str) -> dict:
+    """{implementation: (training function, its folder in ``store``, what a kept batch of
+    its runs depends on)} of the registry subjects of ``plan`` (the digest does not cover
+    a user's code)."""
+    import re
+
+    from ..device import reproduce_key
+    from ..experiments import tramer
+    from ..io import array_digest
+
+    mode = plan["mode"]
+    common = {"seed": seed, "data_sha256": array_digest({"X": data.X, "y": data.y}),
+              "canary": [canary_kind, plan["label"]], "trainer": tramer.trainer_digest()}
+    # Those of one spec train as columns of one call, which the key names (a column's
+    # models equal a subject's alone to float rounding only).
+    return {target: (fn, store / re.sub(r"[^A-Za-z0-9]+", "_", target),
+                     {"implementation": target, "spec": spec, **common,
+                      **({} if mode == "black-box" else {"mode": mode, "n_aux": plan["n_aux"]}),
+                      **({"mates": plan["mates"]} if plan["mates"] else {}),
+                      "device": reproduce_key(spec.get("device", "auto")),
+                      "columns": sorted(t for t, s in registry if s == spec)})
+            for target, fn, spec in plan["plans"] if (target, spec) in registry}
+
+
+def _inputs(plan: dict, data: _Data, seed: int, spec: dict, claim) -> dict:
+    """The profile test of ``claim`` and the worst-case init of ``spec``'s model."""
+    import torch
+
+    from .. import subjects
+    from ..experiments import tramer
+
+    init = None
+    if data.aux is not None:
+        model = subjects.model_spec(spec, data.X.shape[1], len(plan["classes"]))
+        init = tramer.pretrained_init(torch.as_tensor(data.X_all[data.aux]),
+                                      torch.as_tensor(data.y_all[data.aux]), model, seed)
+    return {"init": init, "profile": None if claim is None else tramer.claimed_profile(*claim)}
+
+
+def _loop_prepare(plan: dict, target: str, data: _Data, canary, seed: int, loop: dict,
+                  train_fn):
+    """--opacus-loop: (plan, spec, more keyword arguments) of ``target`` once its claim is
+    measured (:func:`_loop_claim`, kept in ``loop``)."""
+    from .. import subjects
+
+    loop.update(_loop_claim(plan, target, train_fn, data.X, data.y, canary, seed))
+    spec = loop["spec"]
+    claim = subjects.claimed_dpsgd(spec, loop["eps"], plan["delta"], plan["n_train"]) \
+        if "q" in spec else None
+    print(f"audit-impl: {target}: " + (
+        f"no profile test: {loop['profile']}" if claim is None else "profile test "
+        "against correct DP-SGD at noise multiplier {:.4g}, q = {:g}, T = {}".format(
+            *claim)), file=sys.stderr)
+    return {**plan, "eps": loop["eps"]}, spec, _inputs(plan, data, seed, spec, claim)
+
+
+def _audit_or_refuse(plan: dict, target: str, fn, data: _Data, canary, spec: dict,
+                     seed: int, **more):
+    """:func:`_audit_one` of ``target``; a SpecError naming it where it cannot be audited
+    or its code fails (a user's frames printed; dpaudit's own code's error raised as is)."""
+    from .. import subjects
+    from ..experiments import tramer
+
+    try:
+        return _audit_one(plan, target, fn, data.X, data.y, canary, spec, seed,
+                          test=data.test, **more)
+    except tramer.Unauditable as exc:
+        raise SpecError(f"--train {target}: cannot be audited, no result written: "
+                        f"{exc}") from exc
+    except tramer.UserCodeFailed as exc:
+        if exc.timed_out:
+            raise SpecError(f"--train {target}: {exc.call} ran past the per-call time "
+                            f"limit of {exc.limit:g} s (--call-timeout); no result "
+                            "written") from None
+        if exc.__cause__ is not None and fn in subjects.SUBJECTS.values():
+            raise exc.__cause__  # dpaudit's own code: its traceback
+        if exc.trace:  # the user's frames (and their libraries'), not dpaudit's
+            print(exc.trace, end="", file=sys.stderr)
+        raise SpecError(f"--train {target}: {exc.call} {exc.what}; no result "
+                        "written") from None
+
+
+def _report(plan: dict, target: str, row: dict) -> None:
+    """The audit of ``target`` in a few lines on stderr."""
+    checked = (f"{row['seed_check']} seeds re-trained before the runs, and "
+               f"{row['seed_check']} runs of each side after them: deterministic"
+               if row["seed_check"] else "seeds not checked")
+    accuracy = (f"test accuracy {row['test_acc_mean']:.3f} ({row['test_acc_min']:.3f}-"
+                f"{row['test_acc_max']:.3f})" if "test_acc_mean" in row
+                else "no test accuracy (white-box runs return no model)")
+    tested = (f"; profile test: delta_LB {row['delta_lb']:.4g} against the claimed "
+              f"{row['delta_claim_at_eps_star']:.4g} at eps {row['eps_star']:.2f}, "
+              f"{'violated' if row['profile_violated'] else 'not violated'}"
+              if "profile_violated" in row else "")
+    print(f"audit-impl: {target}: TPR {row['tpr']:.4f} FPR {row['fpr']:.4f} eps_LB "
+          f"{row['eps_lb']:.3f} (claimed eps {row['claimed_eps']:g}){tested}: "
+          f"{row['verdict']}; "
+          f"{row['usable_runs']} of {row['total_runs']} runs usable "
+          f"({row['diverged_runs']} diverged, counted as out); {checked}; {accuracy}",
+          file=sys.stderr)
+    if "looks" in row:
+        print(f"audit-impl: {target}: sequential: stopped ({row['stop_reason']}) at look "
+              f"{row['looks']}, {row['runs_in']} + {row['runs_out']} evaluation runs "
+              f"(in + out) of at most {plan['runs']} per side; bounds anytime-valid at "
+              f"confidence 1 - {plan['alpha']:g}", file=sys.stderr)
+
+
+def _write(rows: list, losses: list, devices: dict, provenance: dict, out: Path,
+           losses_path: Path | None) -> None:
+    """The audit table of ``rows`` at ``out`` and the per-run losses at ``losses_path``
+    (default: beside it), with ``provenance`` and the registry subjects' ``devices``."""
+    import pandas as pd
+
+    from ..io import write_table
+
     table = pd.DataFrame(rows)
     table = table[COLUMNS + [c for c in table.columns if c not in COLUMNS]]
     loss_table = pd.concat(losses, ignore_index=True)
@@ -421,11 +538,12 @@ def _audit_impl(args) -> None:
     except ValueError:
         classes = []
     sequential = _sequential(args)
-    plan = _check(args.train, args.eps, args.delta, args.alpha, args.runs, args.val_runs,
-                  args.n_train, args.batch_runs, classes, args.label, args.spec,
-                  seed_check=args.seed_check, max_diverged=args.max_diverged, mode=args.mode,
-                  n_aux=args.n_aux, call_limit=args.call_timeout, mates=args.mates,
-                  opacus_loop=args.opacus_loop)
+    plan = _check(Request(args.train, args.eps, args.delta, args.alpha, args.runs,
+                          args.val_runs, args.n_train, args.batch_runs, classes, args.label,
+                          args.spec, seed_check=args.seed_check,
+                          max_diverged=args.max_diverged, mode=args.mode, n_aux=args.n_aux,
+                          call_limit=args.call_timeout, mates=args.mates,
+                          opacus_loop=args.opacus_loop))
     if args.opacus_loop and args.store is not None:
         raise SpecError("--store: not with --opacus-loop (it keeps the registry subjects' "
                         "runs only)")
@@ -458,10 +576,11 @@ def _tramer_audit(args) -> None:
         train, spec = [claim["train"]], json.loads(claim["spec"])
         if not isinstance(spec, dict):
             raise SpecError(f"tramer.user.spec={claim['spec']!r}: must be a JSON object")
-    plan = _check(train, claim["eps"], claim["delta"], sec["alpha"], claim["runs"],
-                  claim["val_runs"], sec["n_train"], sec["batch_runs"], sec["classes"], None,
-                  spec, args.device, claim.get("seed_check"), claim.get("max_diverged", 0.0),
-                  claim.get("mode", "black-box"), claim.get("n_aux", 500))
+    plan = _check(Request(train, claim["eps"], claim["delta"], sec["alpha"], claim["runs"],
+                          claim["val_runs"], sec["n_train"], sec["batch_runs"], sec["classes"],
+                          None, spec, args.device, claim.get("seed_check"),
+                          claim.get("max_diverged", 0.0), claim.get("mode", "black-box"),
+                          claim.get("n_aux", 500)))
     provenance = {"command": "tramer-audit", "target": args.target, "spec": sec, "data": data,
                   "seed": args.seed}
     _interruptible("tramer-audit", lambda: _run(plan, claim["canary"], data["root"],
@@ -530,14 +649,8 @@ STORE_HELP = ("folder that keeps every finished batch of runs of the registry su
               "subjects of one spec train as columns of the same calls")
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "audit-impl", help="audit a DP training function's claimed (eps, delta) with a canary",
-        description="Train TARGET on Fashion-MNIST with and without a canary, RUNS times per "
-                    "side (plus VAL_RUNS per side to pick the label and threshold), and test "
-                    "the claimed (eps, delta) with Clopper-Pearson at confidence 1 - ALPHA and "
-                    "the GDP test (Tramer et al. 2022); where the spec names q and steps (or "
-                    "batch_size and epochs), also the claimed DP-SGD privacy profile.")
+def _claim_options(p) -> None:
+    """audit-impl's options of the claim and the canary: what is tested."""
     p.add_argument("--train", action="extend", nargs="+", required=True, metavar="TARGET",
                    help="'buggy', 'fixed', 'half-steps', 'half-noise' or 'module.path:function' "
                         "(several: one table row each)")
@@ -553,6 +666,10 @@ def register(subparsers) -> None:
     p.add_argument("--alpha", default="1e-10", help="1 - confidence of eps_LB and mu_LB")
     p.add_argument("--spec", type=spec_arg, default={},
                    help="JSON object passed to the training function as `spec`")
+
+
+def _runs_options(p) -> None:
+    """audit-impl's options of the data, the runs, the seed and where the results go."""
     p.add_argument("--classes", default="0,1", help="FMNIST classes, comma-separated")
     p.add_argument("--n-train", type=int, default=500,
                    help="training-set size: the first N of the reference FMNIST subset")
@@ -565,6 +682,10 @@ def register(subparsers) -> None:
     p.add_argument("--losses", type=out_file, default=None,
                    help="per-run canary losses CSV (default: OUT with suffix _losses)")
     p.add_argument("--store", type=out_dir, default=None, help=STORE_HELP)
+
+
+def _integrity_options(p) -> None:
+    """audit-impl's options of the checks of the runs' integrity."""
     p.add_argument("--seed-check", type=int, default=None, metavar="K",
                    help="before the runs, train K seeds twice (the second time in reverse "
                         "order) and refuse the function unless each seed gives the same "
@@ -574,6 +695,10 @@ def register(subparsers) -> None:
     p.add_argument("--max-diverged", type=float, default=0.0, metavar="F",
                    help="largest fraction of runs that may diverge (non-finite canary loss; "
                         "they count as 'out'); more, and the audit refuses (default 0)")
+
+
+def _mode_options(p) -> None:
+    """audit-impl's options of the mode: black-box or a tight one, and its inputs."""
     p.add_argument("--mode", choices=MODES, default="black-box",
                    help="black-box: the Tramer et al. 2022 procedure (default); "
                         "worst-case-init: every run starts from the auditor's pre-trained "
@@ -588,6 +713,10 @@ def register(subparsers) -> None:
     p.add_argument("--n-aux", type=int, default=500, metavar="N",
                    help="worst-case-init: pre-train the init on the N examples after the "
                         "first --n-train of the reference subset (default 500)")
+
+
+def _worker_options(p) -> None:
+    """audit-impl's options of how a user's training function runs."""
     p.add_argument("--call-timeout", type=float, default=CALL_LIMIT, metavar="SECONDS",
                    help="longest one call of a training function (or of its predict) may "
                         "take; past it the audit stops, naming the call; 0: no limit "
@@ -600,6 +729,10 @@ def register(subparsers) -> None:
                         "(model, reported_eps), run unmodified with its Opacus objects "
                         "instrumented, in every mode; the claim is the eps it reports "
                         "(docs/audit_your_implementation.md#opacus-trainings)")
+
+
+def _sequential_options(p) -> None:
+    """audit-impl's options of a sequential audit."""
     p.add_argument("--sequential", action="store_true",
                    help="train the evaluation runs in rounds and stop at the first certified "
                         "violation, anytime-valid (confidence sequences); --runs is then the "
@@ -607,6 +740,22 @@ def register(subparsers) -> None:
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="--sequential: no new round of evaluation runs after SECONDS of them "
                         "(wall clock, after the validation runs; default: none)")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "audit-impl", help="audit a DP training function's claimed (eps, delta) with a canary",
+        description="Train TARGET on Fashion-MNIST with and without a canary, RUNS times per "
+                    "side (plus VAL_RUNS per side to pick the label and threshold), and test "
+                    "the claimed (eps, delta) with Clopper-Pearson at confidence 1 - ALPHA and "
+                    "the GDP test (Tramer et al. 2022); where the spec names q and steps (or "
+                    "batch_size and epochs), also the claimed DP-SGD privacy profile.")
+    _claim_options(p)
+    _runs_options(p)
+    _integrity_options(p)
+    _mode_options(p)
+    _worker_options(p)
+    _sequential_options(p)
     p.set_defaults(func=_audit_impl)
 
     p = subparsers.add_parser(
