@@ -7,4 +7,6 @@
   dpaudit's reconstruction of ``make_private``
 - :mod:`.opacus_probe`  a user's own Opacus training run as it is, its parameters measured
   on n and n + 1 rows against the epsilon it reports (``dpaudit opacus-check``)
+- :mod:`.opacus_flaws`  Opacus trainings of that contract with the flaws found in the wild,
+  each beside its fix (the flaws table, ``dpaudit flaws``)
 """
