@@ -12,9 +12,13 @@ the canaries), train, score, call :mod:`dpaudit.bounds`, and assemble the result
                         Annamalai and De Cristofaro 2024)
 - :mod:`.shuffle`       the shuffling gap: shuffled batches accounted as Poisson sampling,
                         audited white box
+- :mod:`.shuffle_settings`  the shuffle audit's settings and which of them train (torch-free,
+                        read at the workflow's start-up)
 - :mod:`.abadi`         the training curves of Abadi et al. 2016 (Figures 3 and 6)
 - :mod:`.trials_needed` how many trials each way from counts to epsilon needs
 - :mod:`.runs_needed`   how many runs per side would catch a bug, before they are spent
+- :mod:`.flaws`         the flaws table: flaws found in real DP-SGD code, each through the
+                        checks that see it, beside its fix
 - :mod:`.checks`        the start-up check of limits that relate several config keys
 
 The reusable pieces live in concept modules: :mod:`dpaudit.bounds` (score -> epsilon),
