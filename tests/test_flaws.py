@@ -58,8 +58,8 @@ def test_actual_noise_of_the_subjects():
 
 
 def test_quick_table_of_two_flaws_through_the_cli(tmp_path, capsys):
-    """`dpaudit flaws --scale quick` for the wrong sample rate (Opacus, measured) and the
-    noise on the mean (dpaudit's trainer, white box): each found, each fix passing, the
+    """`dpaudit flaws --scale quick` for the wrong sample rate (Opacus, measured and white
+    box through the user's own loop) and the noise on the mean (dpaudit's trainer, white box): each found, each fix passing, the
     numbers those of Opacus' accountants and of the subject's noise, provenance kept."""
     out = tmp_path / "flaws.csv"
     assert main(["flaws", "--scale", "quick", "--flaw", "wrong sample rate", "--flaw",
@@ -76,6 +76,14 @@ def test_quick_table_of_two_flaws_through_the_cli(tmp_path, capsys):
     assert rate.eps_known == pytest.approx(_eps(RDPAccountant, sigma, 0.2, 25), rel=1e-6)
     assert rate.fix_passes and rate.fix_verdict == "consistent"
     assert rate.fix_eps_known == pytest.approx(2.0, abs=0.02)  # calibrated at q 0.2
+    # the same training run unmodified in the white box (OpacusLoop, Opacus' own loader
+    # placing the canary row): the claim is the 2 it reports, no profile test (below RDP's
+    # eps at the declared noise), eps_LB sound, the fix passing
+    loop = df[(df.flaw == "wrong sample rate") & (df.check == "white-box")].iloc[0]
+    assert (loop.path, loop.claimed_eps, loop.profile) == ("opacus", 2.0, "not tested")
+    assert loop.eps_known == pytest.approx(rate.eps_known, rel=1e-9)
+    assert 0 <= loop.eps_lb < 2.0 and loop.runs <= flaws.SCALES["quick"].loop_max_runs
+    assert loop.fix_passes and loop.fix_claimed_eps == 2.0
     # the trainer: noise sigma C / B, its true eps by Opacus' PRV accountant (a second
     # method beside dpaudit's PLD)
     claim = subjects.claimed_dpsgd({"epochs": 5, "batch_size": 5}, 2.0, 1e-5, 20)

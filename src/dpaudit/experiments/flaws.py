@@ -3,14 +3,19 @@ paths and checks that can see it, beside its corrected configuration, which must
 
 One row per :class:`Entry` of :data:`ENTRIES`: a flaw (:data:`FLAWS`), a code path and a
 check, the flawed training and its fix. A check is a runner of :data:`RUNNERS`, keyed by
-``(path, check)``; a new way to run a training (e.g. the black or white box through a
-user's own Opacus loop) is one more runner and the entries that use it, nothing else:
+``(path, check)``; a new way to run a training is one more runner and the entries that
+use it, nothing else:
 
 ``("opacus", "measured")``
     :func:`dpaudit.adapters.opacus_probe.check` on a user's Opacus training of
     :mod:`dpaudit.adapters.opacus_flaws` (``train(X, y, seed) -> (model, reported_eps)``):
     the parameters it runs with, measured on n and n + 1 rows, against the eps it reports.
     No statistics: a finding is arithmetic on what was measured.
+``("opacus", "white-box")``, ``("opacus", "black-box")``
+    the same trainings run unmodified by ``audit-impl --opacus-loop``
+    (:class:`dpaudit.adapters.opacus_loop.OpacusLoop`, in this process): the claim the eps
+    the training reports, Opacus' own loader placing the canary row, the sequential audit
+    of at most :attr:`Scale.loop_max_runs` runs per side (each run a whole Opacus training).
 ``("trainer", "white-box")``, ``("trainer", "black-box")``
     ``audit-impl``'s audit (:func:`dpaudit.experiments.tramer.audit_implementation`,
     sequential: it stops at the first certified violation) of a registry subject of
@@ -36,6 +41,7 @@ extra row added), the relation of the claims.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Callable
@@ -95,12 +101,16 @@ FLAWS = {
 @dataclasses.dataclass(frozen=True)
 class Scale:
     """How much a table run trains: ``max_runs`` evaluation runs per side at most in a
-    sequential audit (``val_runs`` validation runs choose its thresholds); robust rows at
-    ``power`` with ``replications`` seeds (0: none), at most ``robust_max_runs`` per side."""
+    sequential audit (``val_runs`` validation runs choose its thresholds); through a user's
+    Opacus loop (a whole Opacus training per run) ``loop_max_runs`` and ``loop_val_runs``;
+    robust rows at ``power`` with ``replications`` seeds (0: none), at most
+    ``robust_max_runs`` per side."""
 
     max_runs: int
     val_runs: int
     replications: int
+    loop_max_runs: int = 150
+    loop_val_runs: int = 40
     power: float = 0.9
     robust_max_runs: int = 5000
     seed_check: int = 2
@@ -108,7 +118,8 @@ class Scale:
 
 #: ``dpaudit flaws --scale``: ``quick`` runs the path in seconds (the test's); ``full`` is
 #: reference/flaws_audit.csv.
-SCALES = {"quick": Scale(max_runs=30, val_runs=20, replications=0, seed_check=0),
+SCALES = {"quick": Scale(max_runs=30, val_runs=20, replications=0, loop_max_runs=4,
+                         loop_val_runs=3, seed_check=0),
           "full": Scale(max_runs=1000, val_runs=200, replications=3)}
 
 
@@ -141,18 +152,28 @@ def data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---- the runners: (entry, target name, scale, seed) -> the check's cells ----
 
+@functools.lru_cache(maxsize=None)
+def _probe(target: str, n: int, seed: int):
+    """:func:`dpaudit.adapters.opacus_probe.check` of the Opacus training ``target`` on n and
+    n + 1 rows, and the eps known for it: the accountant's at the measured parameters, or
+    Chua et al.'s lower bound where the batches are fixed-size and it is larger. Once per
+    table: the measured check and the loop's rows of a training share it."""
+    from ..adapters import opacus_flaws, opacus_probe
+
+    report = opacus_probe.check(opacus_flaws.TRAININGS[target], n, opacus_flaws.DELTA,
+                                seed=seed, pld=False)
+    known = report.eps_accountant
+    if not math.isnan(report.eps_shuffle_lb):
+        known = max(known, report.eps_shuffle_lb)
+    return report, known
+
+
 def measured(entry: Entry, target: str, scale: Scale, seed: int, alpha: float) -> dict:
     """The measured-parameters check of the Opacus training ``target`` on n and n + 1 rows
     (``setting["n"]``): the reported eps, the accountant's eps at the measured parameters
     (``eps_known``; Chua et al.'s lower bound where the batches are fixed-size and it is
     larger), the findings as the verdict."""
-    from ..adapters import opacus_flaws, opacus_probe
-
-    report = opacus_probe.check(opacus_flaws.TRAININGS[target], entry.setting["n"],
-                                opacus_flaws.DELTA, seed=seed, pld=False)
-    known = report.eps_accountant
-    if not math.isnan(report.eps_shuffle_lb):
-        known = max(known, report.eps_shuffle_lb)
+    report, known = _probe(target, entry.setting["n"], seed)
     whats = sorted({f.what for f in report.findings})
     return {"claimed_eps": report.runs[0].reported_eps, "eps_lb": math.nan,
             "eps_known": known, "profile": "not tested", "runs": 1,
@@ -205,15 +226,55 @@ def trainer(entry: Entry, target: str, scale: Scale, seed: int, alpha: float) ->
             "detected": row["verdict"] != tramer.NO_VIOLATION}
 
 
+def loop(entry: Entry, target: str, scale: Scale, seed: int, alpha: float) -> dict:
+    """The sequential audit (at most ``scale.loop_max_runs`` evaluation runs per side) of the
+    Opacus training ``target`` run unmodified (:class:`dpaudit.adapters.opacus_loop.
+    OpacusLoop`, in this process) on ``setting["n"]`` rows: the claim the eps it reports
+    (the larger of n and n + 1 rows), the profile test where the claim is at least RDP's eps
+    at its declared noise, ``eps_known`` the accountant's eps at the measured parameters
+    (:func:`measured`'s, shared with it)."""
+    from .. import canaries, subjects
+    from ..adapters import opacus_flaws
+    from ..adapters.opacus_loop import OpacusLoop
+    from . import tramer
+
+    s = entry.setting
+    X, y = data(s["n"], seed)
+    train = OpacusLoop(opacus_flaws.TRAININGS[target])
+    canary = None if entry.check == "white-box" else canaries.make_canary("clipbkd", X, y)
+    row = None if canary is None else (
+        canary.x, 0 if canary.label is None else int(canary.label))
+    claim = train.claim(X, y, seeding.int_seeds(1, seed, "flaws/loop-claim"),
+                        {"delta": DELTA}, row=row)
+    spec = claim["spec"]
+    profile = subjects.claimed_dpsgd(spec, claim["eps"], DELTA, s["n"]) if "q" in spec \
+        else None
+    got, _ = tramer.audit_implementation(
+        train, X, y, canary, claim["eps"], DELTA, scale.loop_max_runs, scale.loop_val_runs,
+        spec, seed, alpha, batch_runs=1000, seed_check=scale.seed_check,
+        mode=entry.check, refuse_at_chance=False, call_limit=None,
+        profile=None if profile is None else tramer.claimed_profile(*profile),
+        schedule=tramer.schedule_of(scale.loop_max_runs))
+    _, known = _probe(target, s["n"], seed)
+    return {"claimed_eps": claim["eps"], "eps_lb": float(got["eps_lb"]), "eps_known": known,
+            "profile": ("not tested" if profile is None else "violated"
+                        if got.get("profile_violated") else "not violated"),
+            "runs": int(got["runs"]), "verdict": got["verdict"],
+            "detected": got["verdict"] != tramer.NO_VIOLATION}
+
+
 #: (path, check) -> runner(entry, target, scale, seed, alpha) -> its cells: claimed_eps,
 #: eps_lb, eps_known, profile, runs, verdict, detected.
 RUNNERS: dict[tuple[str, str], Callable[..., dict]] = {
     ("opacus", "measured"): measured,
+    ("opacus", "white-box"): loop,
+    ("opacus", "black-box"): loop,
     ("trainer", "white-box"): trainer,
     ("trainer", "black-box"): trainer,
 }
 #: The neighbouring relation of each runner's rows.
-RELATIONS = {("opacus", "measured"): "add/remove", ("trainer", "white-box"): "add/remove",
+RELATIONS = {("opacus", "measured"): "add/remove", ("opacus", "white-box"): "add/remove",
+             ("opacus", "black-box"): "add/remove", ("trainer", "white-box"): "add/remove",
              ("trainer", "black-box"): "add/remove"}
 
 # The trainer's setting: 20 rows, B 5 (q 0.25), 5 epochs (T 20), claim (2, 1e-5).
@@ -231,6 +292,9 @@ ENTRIES = (
     Entry("wrong sample rate", "opacus", "measured", "wrong_rate", "right_rate", {"n": 22}),
     Entry("fewer epochs", "opacus", "measured", "one_epoch", "all_epochs", {"n": 22}),
     Entry("batch clipping", "opacus", "measured", "batch_clipping", "low_level", {"n": 22}),
+    Entry("wrong sample rate", "opacus", "white-box", "wrong_rate", "right_rate", {"n": 22}),
+    Entry("unscaled noise", "opacus", "white-box", "unscaled_noise", "scaled_noise",
+          {"n": 22}),
     Entry("EASGM", "trainer", "black-box", "easgm", "fixed", _NORMALISED),
     Entry("ASGM", "trainer", "black-box", "asgm", "fixed", _NORMALISED),
     # std sigma at clip 2 is sigma C / 2: the half-noise subject
