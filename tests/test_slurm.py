@@ -40,7 +40,7 @@ LOCAL_RULES = ("data", "jagielski_fig2_table", "jagielski_table2_table",
                "accounting_composition_plot", "trials_needed_table", "trials_needed_plot",
                "jagielski_reference_md", "tramer_reference_plot", "abadi_table",
                "abadi_plot", "tight_table", "tight_plot", "tight_reference_table",
-               "shuffle_plot")
+               "shuffle_plot", "flaws_plot")
 # Seconds each job (named by its first output) took in the paper-scale run on the H100
 # machine (docs/scale.md, "Job sizes": the snakemake logs of that run) and in the quick
 # run on 2 CPU cores.
