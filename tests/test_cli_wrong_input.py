@@ -478,8 +478,8 @@ def test_a_bad_value_is_refused_before_the_task_is_read(argv, line, tmp_path, ca
 @pytest.mark.parametrize("val_runs, ok", [(1, False), (0, False), (-3, False), (2, True)])
 def test_audit_impl_needs_two_validation_runs_per_side(val_runs, ok, tmp_path, capsys):
     """One validation run per side leaves one threshold (between its two losses) and nothing
-    to choose: at least two (dpaudit.cli.tramer.MIN_VAL_RUNS)."""
-    from dpaudit.cli.tramer import MIN_VAL_RUNS
+    to choose: at least two (dpaudit.cli.tramer_plan.MIN_VAL_RUNS)."""
+    from dpaudit.cli.tramer_plan import MIN_VAL_RUNS
 
     assert MIN_VAL_RUNS == 2
     code = main(["audit-impl", "--train", "nomodule:train", "--eps", "1", "--delta", "1e-5",

@@ -480,7 +480,7 @@ def test_tramer_audit_trains_the_registry_subjects_on_the_device_given(monkeypat
     spec names itself (`audit_user`'s) is kept."""
     import json
 
-    from dpaudit.cli.tramer import Request, _check
+    from dpaudit.cli.tramer_plan import Request, check
 
     X, y = _image_like(60, 4, 12, seed=4)
     monkeypatch.setattr("dpaudit.data.load_fmnist",
@@ -497,8 +497,8 @@ def test_tramer_audit_trains_the_registry_subjects_on_the_device_given(monkeypat
     table, prov = read_table(out)
     assert prov["device"]["device"] == "cpu" and table.implementation.tolist() == ["fixed"]
     spec = {"epochs": 1, "batch_size": 20, "lr": 1.0, "clip": 1.0}
-    [(_, _, given)] = _check(Request(["fixed"], EPS, DELTA, ALPHA, 40, 8, 60, 48, [0, 1], None,
-                                     spec, "cpu"))["plans"]
-    [(_, _, own)] = _check(Request(["fixed"], EPS, DELTA, ALPHA, 40, 8, 60, 48, [0, 1], None,
-                                   {**spec, "device": "cuda"}, "cpu"))["plans"]
+    [(_, _, given)] = check(Request(["fixed"], EPS, DELTA, ALPHA, 40, 8, 60, 48, [0, 1], None,
+                                    spec, "cpu"))["plans"]
+    [(_, _, own)] = check(Request(["fixed"], EPS, DELTA, ALPHA, 40, 8, 60, 48, [0, 1], None,
+                                  {**spec, "device": "cuda"}, "cpu"))["plans"]
     assert given["device"] == "cpu" and own["device"] == "cuda"
