@@ -31,6 +31,22 @@ def fake_fmnist(rng, n_train=60, n_test=20) -> dict[str, np.ndarray]:
     return out
 
 
+def write_learnable_fmnist(root: Path, n_train: int, n_test: int = 100) -> None:
+    """Fashion-MNIST as torchvision keeps it (ROOT/FashionMNIST/raw, plain IDX files) with
+    labels 0/1 alternating and class 1 the brighter, so that a model learns the task:
+    random images halved, class 1 shifted up by 128."""
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    arrays = fake_fmnist(np.random.default_rng(0), n_train=n_train, n_test=n_test)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        labels = (np.arange(n) % 2).astype(np.uint8)
+        arrays[f"{split}-labels-idx1-ubyte"] = labels
+        arrays[f"{split}-images-idx3-ubyte"] //= 2
+        arrays[f"{split}-images-idx3-ubyte"] += 128 * labels[:, None, None]
+    for name, arr in arrays.items():
+        (raw / name).write_bytes(idx_bytes(arr))
+
+
 def write_idx_gz(folder: Path, arrays: dict[str, np.ndarray]) -> None:
     """The four IDX files gzipped under their names + .gz (Debian's layout)."""
     folder.mkdir(parents=True)

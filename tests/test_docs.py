@@ -245,19 +245,9 @@ def _fake_fmnist_files(root: Path) -> None:
     """Fashion-MNIST in its IDX format (tests/fakedata.py): 1,100 training images (classes
     0/1, the brighter class 1; the audit's half subset holds its 500 rows) and 100 test
     images."""
-    import numpy as np
-    from fakedata import fake_fmnist, idx_bytes
+    from fakedata import write_learnable_fmnist
 
-    raw = root / "FashionMNIST" / "raw"
-    raw.mkdir(parents=True)
-    arrays = fake_fmnist(np.random.default_rng(0), n_train=1100, n_test=100)
-    for split, n in (("train", 1100), ("t10k", 100)):
-        labels = (np.arange(n) % 2).astype(np.uint8)
-        arrays[f"{split}-labels-idx1-ubyte"] = labels
-        arrays[f"{split}-images-idx3-ubyte"] //= 2
-        arrays[f"{split}-images-idx3-ubyte"] += 128 * labels[:, None, None]
-    for name, arr in arrays.items():
-        (raw / name).write_bytes(idx_bytes(arr))
+    write_learnable_fmnist(root, n_train=1100)
 
 
 #: The `dpaudit` command, run by this interpreter (with this checkout's dpaudit).

@@ -464,19 +464,9 @@ def test_example_script_runs_every_audit_in_its_own_processes(tmp_path):
     import sys
     from pathlib import Path
 
-    import numpy as np
-    from fakedata import fake_fmnist, idx_bytes
+    from fakedata import write_learnable_fmnist
 
-    raw = tmp_path / "data" / "FashionMNIST" / "raw"
-    raw.mkdir(parents=True)
-    arrays = fake_fmnist(np.random.default_rng(0), n_train=2200, n_test=100)
-    for split, n in (("train", 2200), ("t10k", 100)):  # class 1 the brighter: learnable
-        labels = (np.arange(n) % 2).astype(np.uint8)
-        arrays[f"{split}-labels-idx1-ubyte"] = labels
-        arrays[f"{split}-images-idx3-ubyte"] //= 2
-        arrays[f"{split}-images-idx3-ubyte"] += 128 * labels[:, None, None]
-    for name, arr in arrays.items():
-        (raw / name).write_bytes(idx_bytes(arr))
+    write_learnable_fmnist(tmp_path / "data", n_train=2200)  # class 1 the brighter
     script = Path(__file__).resolve().parents[1] / "examples" / "opacus" / "audit.py"
     out = subprocess.run([sys.executable, str(script), "--runs", "12", "--val-runs", "4",
                           "--alpha", "0.05", "--jobs", "2", "--data-root", str(tmp_path / "data"),
