@@ -284,7 +284,6 @@ OVER_LIMITS = {
     "experiments/tramer/audit.py:audit_implementation": (169, 26),
     "experiments/tramer/modes.py:audit_whitebox": (98, 20),
     "testing.py:assert_private": (57, 16),
-    "adapters/opacus.py:OpacusTrainer.__init__": (49, 13),
 }
 
 
