@@ -14,7 +14,7 @@ from torch import nn
 from dpaudit import accounting, dpsgd
 
 opacus = pytest.importorskip("opacus")
-from dpaudit.adapters.opacus import INSTALL, OpacusTrainer, _Scores, run_seeds  # noqa: E402
+from dpaudit.adapters.opacus import INSTALL, OpacusTrainer, Target, _Scores, run_seeds  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*[Ff]ull backward hook")
 
@@ -276,7 +276,7 @@ def test_whitebox_inserts_at_the_rate_with_noise_and_pairs_the_draws():
     (dict(batch_size=21), r"batch_size=21\): must be <= n=20"),
     (dict(max_grad_norm=0), r"max_grad_norm=0\): must be a number > 0"),
     (dict(accountant="pld"), r"accountant='pld'\): must be one of \('prv', 'rdp', 'gdp'\)"),
-    (dict(target_epsilon=1.0), "give exactly one of noise_multiplier and target_epsilon"),
+    (dict(target=Target(1.0, 1e-5)), "give exactly one of noise_multiplier and target"),
     (dict(epochs=1.5), r"epochs=1.5\): must be a whole number >= 1"),
 ])
 def test_bad_arguments_are_named(kw, message):
@@ -285,13 +285,14 @@ def test_bad_arguments_are_named(kw, message):
 
 
 def test_target_epsilon_gives_opacus_sigma_and_claim():
-    train = _trainer(noise_multiplier=None, target_epsilon=3.0, target_delta=1e-5,
-                     accountant="gdp")
+    train = _trainer(noise_multiplier=None, target=Target(3.0, 1e-5), accountant="gdp")
     from opacus.accountants.utils import get_noise_multiplier
 
     assert train.noise_multiplier == get_noise_multiplier(
         target_epsilon=3.0, target_delta=1e-5, sample_rate=0.25, steps=8, accountant="gdp")
     assert 2.9 < train.epsilon(1e-5) <= 3.0
+    with pytest.raises(ValueError, match=r"Target\(delta=None\): must be a number > 0"):
+        Target(3.0, None)
 
 
 def test_tight_modes_refuse_other_layouts_and_optimizers_naming_the_mode():

@@ -233,7 +233,8 @@ def test_release_clips_and_enforces_size_bound():
 
 
 def test_audit_is_sound_and_grows_with_rho():
-    kw = dict(n=100, d=100, m=100, lam=800.0, R=R, B=B, label_noise=0.1, delta=1e-5)
+    kw = dict(setup=rg.Setup(n=100, d=100, m=100, lam=800.0, R=R, B=B, label_noise=0.1),
+              delta=1e-5)
     df = rg.audit_table(rhos=[0.05, 5.0], repeats=4, seed=11, **kw)
     assert (df.eps_lb <= df.eps_theory_exact).all()
     assert (df.eps_lb_fdp <= df.eps_theory_exact).all()

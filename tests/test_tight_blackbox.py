@@ -36,7 +36,7 @@ TASK = _task()
 def audits():
     """The audit at three noise levels (sigma: rows)."""
     return {sigma: bb.audit(TASK, MODEL, bb.FullBatch(STEPS, LR, 1.0, sigma), RUNS, 0,
-                            pretrain=PRETRAIN, execution=Execution("cpu", 100))
+                            bb.Auditor(pretrain=PRETRAIN), execution=Execution("cpu", 100))
             for sigma in (1.0, 2.0, 4.0)}
 
 
@@ -107,7 +107,7 @@ def test_worst_case_init_audits_more_than_glorot(audits):
 
 def test_audit_is_deterministic():
     setting = bb.FullBatch(3, LR, 1.0, 1.0)
-    kw = dict(pretrain={"epochs": 3}, execution=Execution("cpu", 4))
+    kw = dict(auditor=bb.Auditor(pretrain={"epochs": 3}), execution=Execution("cpu", 4))
     drop = ("models_per_s", "pretrain_s")
     a, b = ([{k: v for k, v in r.items() if k not in drop}
              for r in bb.audit(TASK, MODEL, setting, 8, 3, **kw)] for _ in range(2))
@@ -130,7 +130,7 @@ def test_audit_is_deterministic():
 
 def test_kept_runs_are_restored_and_a_changed_init_retrains(tmp_path, monkeypatch, capsys):
     setting = bb.FullBatch(3, LR, 1.0, 1.0)
-    kw = dict(pretrain={"epochs": 3})
+    kw = dict(auditor=bb.Auditor(pretrain={"epochs": 3}))
     drop = ("models_per_s", "pretrain_s")
 
     def rows(**more):
@@ -154,7 +154,7 @@ def test_kept_runs_are_restored_and_a_changed_init_retrains(tmp_path, monkeypatc
     assert calls == [] and math.isnan(got[0]["models_per_s"])
     assert "16 models restored, 0 to train" in capsys.readouterr().out
     # Another worst-case init (longer pre-training): another key, nothing reused.
-    kw["pretrain"] = {"epochs": 4}
+    kw["auditor"] = bb.Auditor(pretrain={"epochs": 4})
     rows(store=tmp_path)
     assert calls == [4] * 4
 
@@ -162,13 +162,15 @@ def test_kept_runs_are_restored_and_a_changed_init_retrains(tmp_path, monkeypatc
 def test_bad_arguments_are_named():
     setting = bb.FullBatch(3, LR, 1.0, 1.0)
     with pytest.raises(ValueError, match="inits="):
-        bb.audit(TASK, MODEL, setting, 8, 0, inits=("fixed",), execution=CPU)
+        bb.Auditor(inits=("fixed",))
     with pytest.raises(ValueError, match="runs="):
         bb.audit(TASK, MODEL, setting, 2, 0, execution=CPU)
     with pytest.raises(ValueError, match="n="):
-        bb.audit(TASK, MODEL, setting, 8, 0, n=150, execution=CPU)
+        bb.audit(TASK, MODEL, setting, 8, 0, bb.Auditor(n=150), execution=CPU)
     with pytest.raises(ValueError, match="canary kind="):
-        bb.audit(TASK, MODEL, setting, 8, 0, canary_kind="white", execution=CPU)
+        bb.Auditor(canary="white")
+    with pytest.raises(ValueError, match="auditor: must be an Auditor, not dict"):
+        bb.audit(TASK, MODEL, setting, 8, 0, {"canary": "blank"}, execution=CPU)
     with pytest.raises(ValueError, match="pretrain: unknown keys"):
         bb.worst_case_init(TASK, MODEL, 0, pretrain={"epoch": 3}, device="cpu")
     with pytest.raises(ValueError, match="FullBatch.steps"):

@@ -14,7 +14,7 @@ training functions (``--train cases:correct``, with this folder on PYTHONPATH):
 import torch
 from torch import nn
 
-from dpaudit.adapters.opacus import OpacusTrainer, require_opacus
+from dpaudit.adapters.opacus import OpacusTrainer, Target, require_opacus
 
 # Through the adapter: without Opacus, an ImportError that says how to install it.
 DPOptimizer = require_opacus().optimizers.DPOptimizer
@@ -36,7 +36,7 @@ def _trainer(**kw) -> OpacusTrainer:
                          max_grad_norm=CLIP, batch_size=BATCH, epochs=EPOCHS, n=N, **kw)
 
 
-correct = _trainer(target_epsilon=EPS, target_delta=DELTA)
+correct = _trainer(target=Target(EPS, DELTA))
 # The same noise multiplier (Opacus' rate for the shuffled loader is 1 / 5 as well).
 shuffled = _trainer(noise_multiplier=correct.noise_multiplier, poisson_sampling=False)
 noise_on_mean = _trainer(noise_multiplier=correct.noise_multiplier,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -218,6 +219,23 @@ class _Canary:
         return dpsgd.flatten(_params_of(self.linears))[0]
 
 
+@dataclass(frozen=True)
+class Target:
+    """A privacy target in place of a noise multiplier, as Opacus'
+    ``make_private_with_epsilon`` takes it (``target_epsilon``, ``target_delta``): the
+    training's sigma is the one Opacus' ``get_noise_multiplier`` gives for ``epsilon`` at
+    ``delta``."""
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self):
+        for name in ("epsilon", "delta"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 < v < math.inf):
+                raise ValueError(f"Target({name}={v!r}): must be a number > 0")
+
+
 class OpacusTrainer:
     """dpaudit's reconstruction of an Opacus ``make_private`` training (its own loop, its
     own accounting; a user's loop: :class:`.opacus_loop.OpacusLoop`), as a training
@@ -227,9 +245,9 @@ class OpacusTrainer:
     :class:`dpaudit.dpsgd.CanaryRun`. It reads nothing from ``spec``.
 
     ``model_fn()``: a new ``nn.Module``; ``optimizer_fn(parameters)``: its optimizer (e.g.
-    ``lambda p: torch.optim.SGD(p, lr=0.5)``); ``noise_multiplier`` or ``target_epsilon``
-    with ``target_delta`` (sigma from Opacus' ``get_noise_multiplier`` with
-    ``accountant``); ``max_grad_norm``, ``batch_size``, ``epochs``, ``poisson_sampling``
+    ``lambda p: torch.optim.SGD(p, lr=0.5)``); ``noise_multiplier`` or ``target`` (a
+    :class:`Target`, sigma from Opacus' ``get_noise_multiplier`` with ``accountant``);
+    ``max_grad_norm``, ``batch_size``, ``epochs``, ``poisson_sampling``
     (False: a shuffled ``DataLoader(batch_size=B, shuffle=True)`` that Opacus leaves as
     it is, as ``make_private(poisson_sampling=False)`` does); ``n``: the data-set size the
     sample rate refers to (the audit's ``--n-train``; with the canary row the data has n +
@@ -251,10 +269,9 @@ class OpacusTrainer:
     def __init__(self, model_fn: Callable[[], nn.Module],
                  optimizer_fn: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], *,
                  max_grad_norm: float, batch_size: int, epochs: int, n: int,
-                 noise_multiplier: float | None = None, target_epsilon: float | None = None,
-                 target_delta: float | None = None, poisson_sampling: bool = True,
-                 accountant: str = "prv", criterion: nn.Module | None = None,
-                 optimizer_class=None):
+                 noise_multiplier: float | None = None, target: Target | None = None,
+                 poisson_sampling: bool = True, accountant: str = "prv",
+                 criterion: nn.Module | None = None, optimizer_class=None):
         def whole(name, value, low):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"OpacusTrainer({name}={value!r}): must be a whole number "
@@ -270,9 +287,9 @@ class OpacusTrainer:
         if accountant not in ACCOUNTANTS:
             raise ValueError(f"OpacusTrainer(accountant={accountant!r}): must be one of "
                              f"{ACCOUNTANTS}")
-        if (noise_multiplier is None) == (target_epsilon is None):
+        if (noise_multiplier is None) == (target is None):
             raise ValueError("OpacusTrainer: give exactly one of noise_multiplier and "
-                             "target_epsilon (with target_delta)")
+                             "target (a Target: epsilon and delta)")
         self.model_fn, self.optimizer_fn = model_fn, optimizer_fn
         self.max_grad_norm, self.batch_size, self.epochs, self.n = \
             float(max_grad_norm), batch_size, epochs, n
@@ -284,14 +301,11 @@ class OpacusTrainer:
         self.q = batch_size / n if poisson_sampling else 1 / math.ceil(n / batch_size)
         #: Steps of a run on n rows: epochs times the data loader's length on them.
         self.steps = epochs * (int(1 / self.q) if poisson_sampling else math.ceil(n / batch_size))
-        if target_epsilon is not None:
-            for name, v in (("target_epsilon", target_epsilon), ("target_delta", target_delta)):
-                if not (isinstance(v, (int, float)) and 0 < v < math.inf):
-                    raise ValueError(f"OpacusTrainer({name}={v!r}): must be a number > 0")
+        if target is not None:
             from opacus.accountants.utils import get_noise_multiplier
 
             noise_multiplier = get_noise_multiplier(
-                target_epsilon=target_epsilon, target_delta=target_delta, sample_rate=self.q,
+                target_epsilon=target.epsilon, target_delta=target.delta, sample_rate=self.q,
                 steps=self.steps, accountant=accountant)
         if not (isinstance(noise_multiplier, (int, float)) and 0 <= noise_multiplier < math.inf):
             raise ValueError(f"OpacusTrainer(noise_multiplier={noise_multiplier!r}): must be "
@@ -450,4 +464,4 @@ class OpacusTrainer:
         return dpsgd.CanaryRun(params, torch.stack([c.scores.scores for c in cs]), llr)
 
 
-__all__ = ["OpacusTrainer", "ACCOUNTANTS", "layout", "run_seeds"]
+__all__ = ["OpacusTrainer", "Target", "ACCOUNTANTS", "layout", "run_seeds"]

@@ -228,12 +228,12 @@ def _train_group(args) -> None:
 
     save = args.save_models > 0
     calls = jagielski.Calls(args.block_trials, device, jobs_per_gpu=jobs_per_gpu(),
-                            precision=spec["matmul_precision"], log=log)
+                            precision=spec["matmul_precision"], log=log,
+                            on_trained=keep if save else None)
     store = None if save or args.store is None else jagielski.Store(args.store, key, cell_keys)
     scores = jagielski.run_group(
         task, args.attack, model, cfgs, spec["ks"], spec["trials"], args.seed,
-        (args.dataset, args.arch), init, spec["clipbkd_d0"], calls=calls, store=store,
-        on_trained=keep if save else None)
+        (args.dataset, args.arch), init, spec["clipbkd_d0"], calls=calls, store=store)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for cid, table in scores.items():
         out = args.out_dir / f"{cid}.csv"

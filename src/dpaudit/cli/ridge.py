@@ -19,12 +19,12 @@ def _check(spec: dict) -> dict:
 
 def _audit(args) -> None:
     from ..io import write_table
-    from ..experiments.ridge import audit_table
+    from ..experiments.ridge import Setup, audit_table
 
     spec = _check(args.spec)
-    df = audit_table(spec["n"], spec["d"], spec["m"], spec["lam"], spec["row_norm"],
-                     spec["label_bound"], spec["label_noise"], spec["rho"], spec["delta"],
-                     spec["repeats"], args.seed,
+    setup = Setup(spec["n"], spec["d"], spec["m"], spec["lam"], spec["row_norm"],
+                  spec["label_bound"], spec["label_noise"])
+    df = audit_table(setup, spec["rho"], spec["delta"], spec["repeats"], args.seed,
                      progress=lambda msg: print(f"ridge-audit: {msg}", file=sys.stderr))
     write_table(df, args.out, {"command": "ridge-audit", "spec": spec, "seed": args.seed})
 

@@ -125,10 +125,10 @@ def _blackbox(args) -> None:
             try:
                 noise = blackbox.blackbox_noise(label, spec["steps"], spec["delta"])
                 setting = blackbox.FullBatch(spec["steps"], spec["lr"], spec["clip"], noise)
-                got = blackbox.audit(task, model, setting, spec["runs"], args.seed,
-                                     tuple(spec["inits"]), spec["canary"], spec["n_aux"],
-                                     spec["n"], spec["alpha"], spec["delta"],
-                                     execution=Execution(
+                auditor = blackbox.Auditor(tuple(spec["inits"]), spec["canary"],
+                                           spec["n_aux"], spec["n"])
+                got = blackbox.audit(task, model, setting, spec["runs"], args.seed, auditor,
+                                     spec["alpha"], spec["delta"], execution=Execution(
                                          device, log=log, what=f"{arch} eps {label}: ",
                                          store=kept_folder(args.store, f"{arch}_eps{label}")))
             except ValueError as exc:  # a bad runs, size, canary or init, by name

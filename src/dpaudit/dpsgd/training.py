@@ -130,22 +130,15 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     fused = is_gpu(dev)  # one kernel per draw on a GPU (philox module docstring)
     wide = _initial(model, cols, init, key, dev, dtype)
 
-    # Data on the device once; each step computes on every row shared by all runs, or
-    # gathers each run's batch (sampling.shares_data), once per seed for all columns.
-    X = X.to(dev, dtype)
     shared = sampling.shares_data(model, cfg, n, M)
     batches = sampling.Batches(cfg, n, key, shared, dtype, fused)
-    onehot = torch.nn.functional.one_hot(y.to(dev), model.n_classes).to(dtype).T  # (C, n)
-    sq_in = torch.linalg.vector_norm(X, dim=1).square_().add_(1)  # ||(x_i; 1)||^2, fixed
-    xt = None
-    if shared:
-        onehot_shared, sq_shared, xt = onehot.unsqueeze(0), sq_in.unsqueeze(0), X.T.contiguous()
+    data = _Data(X, y, model.n_classes, shared, dev, dtype)
     clip = torch.tensor([c.clip * precision.clip_scale(dev) for c in cols], device=dev,
                         dtype=dtype).view(M, 1)
 
     # Logistic regression on two classes: the step with half the matmuls (wide.binary_step).
     step = binary_step if model.arch == "lr" and model.n_classes == 2 else gradient_step
-    B, d = cfg.divisor(n), model.in_dim
+    B = cfg.divisor(n)
     step_size = cfg.lr / B
     by_size = cfg.normalisation == "asgm"  # each run's step rescaled by B / its batch size
     chunk, T = cfg.chunk_steps(n), cfg.steps(n)
@@ -153,7 +146,6 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
     noisy = any(v > 0 for v in stds)
     std = torch.tensor(stds, device=dev, dtype=dtype)
     std_views = [std.view(1, M, 1, 1), std.view(1, M, 1)] * len(model.shapes)
-    x_buf = torch.empty(0, device=dev, dtype=dtype)
     # The canary treated as the sampling treats an example, unless given its own rate.
     by_shuffle = canaries is not None and canaries.rate is None and cfg.shuffled
     hook = None if canaries is None else CanaryHook(
@@ -172,30 +164,15 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
         scale = None
         if by_size:
             weights, scale = _sampled_scale(idx, weights, n, K, B, dev, dtype)
-        if shared:
-            xb, yb, sq_b = X, onehot_shared, sq_shared
-        else:
-            flat_idx = idx.reshape(-1)
-            if x_buf.numel() < flat_idx.numel() * d:
-                x_buf = torch.empty(flat_idx.numel() * d, device=dev, dtype=dtype)
-            xb = x_buf[:flat_idx.numel() * d].view(K, -1, d)
-            torch.index_select(X, 0, flat_idx, out=xb.view(-1, d))
-            yb = onehot.index_select(1, flat_idx).view(model.n_classes, K, -1).transpose(0, 1)
-            sq_b = sq_in.index_select(0, flat_idx).view(K, -1)
-        step(wide, xb, xt, yb, sq_b, clip, weights, step_size)
+        step(wide, *data.batch(idx, K), clip, weights, step_size)
         if hook is not None:
             hook.add(hook_params := wide.column(0), t, step_size,
                      sampling.batch_sizes(idx, weights, n, K, dev) if hook.mates else None)
         if noisy:
-            noise = philox.draw("normal", key, philox.NOISE, t, model.n_params, fused=fused)
-            views = noise_views(noise, model)
-            # The first layer's W is kept transposed: a contiguous copy of its noise, so
-            # that adding it to every column reads memory in order.
-            views[0] = views[0].transpose(1, 2).contiguous()
             svs = std_views if scale is None else \
                 [v * scale.view(-1, *[1] * (v.dim() - 1)) for v in std_views]
-            for param, eps, sv in zip(wide.tensors(), views, svs):
-                param.addcmul_(eps.unsqueeze(1), sv, value=-step_size)
+            _add_noise(wide, philox.draw("normal", key, philox.NOISE, t, model.n_params,
+                                         fused=fused), model, svs, step_size)
         if hook is not None:
             hook.observe(hook_params)
         if epoch < len(ends) and t + 1 == ends[epoch]:
@@ -209,6 +186,47 @@ def _train(X, y, model: ModelSpec, cols: list[DPSGDConfig], stds: list[float], s
         return CanaryRun(columns[0], hook.scores, hook.llr)
     return [Params([w.contiguous() for w in p.W], [b.contiguous() for b in p.b])
             for p in columns]
+
+
+class _Data:
+    """The training data on the device, once, and each step's batch: every row, shared by
+    all runs, or each run's gathered batch (:func:`sampling.shares_data`), once per seed
+    for all columns."""
+
+    def __init__(self, X, y, n_classes: int, shared: bool, dev, dtype):
+        self.X = X.to(dev, dtype)
+        self.onehot = torch.nn.functional.one_hot(y.to(dev), n_classes).to(dtype).T  # (C, n)
+        # ||(x_i; 1)||^2, fixed
+        self.sq_in = torch.linalg.vector_norm(self.X, dim=1).square_().add_(1)
+        self.xt = self.X.T.contiguous() if shared else None
+        self.shared = shared
+        self.buffer = torch.empty(0, device=dev, dtype=dtype)
+
+    def batch(self, idx, K: int) -> tuple:
+        """``(xb, xt, yb, sq_b)`` of the step's batch ``idx`` (K, b) of K runs, as the
+        step functions (:mod:`.wide`) take them; every row where the data is shared."""
+        if self.shared:
+            return self.X, self.xt, self.onehot.unsqueeze(0), self.sq_in.unsqueeze(0)
+        flat_idx, d = idx.reshape(-1), self.X.shape[1]
+        if self.buffer.numel() < flat_idx.numel() * d:
+            self.buffer = torch.empty(flat_idx.numel() * d, device=self.X.device,
+                                      dtype=self.X.dtype)
+        xb = self.buffer[:flat_idx.numel() * d].view(K, -1, d)
+        torch.index_select(self.X, 0, flat_idx, out=xb.view(-1, d))
+        yb = self.onehot.index_select(1, flat_idx).view(len(self.onehot), K, -1).transpose(0, 1)
+        return xb, None, yb, self.sq_in.index_select(0, flat_idx).view(K, -1)
+
+
+def _add_noise(wide: Wide, noise: torch.Tensor, model: ModelSpec, std_views: list,
+               step_size: float) -> None:
+    """One step's noise: every seed's draw ``noise`` (K, n_params) times each column's std
+    (``std_views``, one per layer tensor), times minus the step size."""
+    views = noise_views(noise, model)
+    # The first layer's W is kept transposed: a contiguous copy of its noise, so
+    # that adding it to every column reads memory in order.
+    views[0] = views[0].transpose(1, 2).contiguous()
+    for param, eps, sv in zip(wide.tensors(), views, std_views):
+        param.addcmul_(eps.unsqueeze(1), sv, value=-step_size)
 
 
 def _sampled_scale(idx, weights, n: int, K: int, B: int, dev, dtype):

@@ -40,6 +40,8 @@ the release is rho-zCDP (Q1.7; Bun & Steinke 2016, Prop. 1.6).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 from scipy import linalg
@@ -199,10 +201,25 @@ def one_run_audit(X, y, Xc, yc, lam: float, R: float, B: float, rho: float,
     return {**{k: v.item() for k, v in res.items()}, "included": int((S > 0).sum())}
 
 
-def audit_table(n: int, d: int, m: int, lam: float, R: float, B: float, label_noise: float,
-                rhos, delta: float, repeats: int, seed: int, beta: float = 0.05,
-                progress=None) -> pd.DataFrame:
-    """Audit :func:`release` at every rho in ``rhos``, ``repeats`` one-run audits each.
+@dataclass(frozen=True)
+class Setup:
+    """What :func:`audit_table` audits: ``n`` base rows (:func:`synthetic_data`, with
+    ``label_noise``) and ``m`` canaries (:func:`canaries`) in ``d`` dimensions, on the domain
+    ``||x|| <= R``, ``|y| <= B``, released by ridge regression with ``lam``."""
+
+    n: int
+    d: int
+    m: int
+    lam: float
+    R: float
+    B: float
+    label_noise: float
+
+
+def audit_table(setup: Setup, rhos, delta: float, repeats: int, seed: int,
+                beta: float = 0.05, progress=None) -> pd.DataFrame:
+    """Audit :func:`release` on ``setup`` at every rho in ``rhos``, ``repeats`` one-run
+    audits each.
 
     One base data set and canary set (from ``seed``); repeat ``r`` draws its inclusions
     and standard-normal noise from ``seeds.rng(seed, r)`` at every rho (common
@@ -210,8 +227,9 @@ def audit_table(n: int, d: int, m: int, lam: float, R: float, B: float, label_no
     One row per run with the theoretical eps at ``delta`` (both conversions of
     :func:`zcdp_to_dp`).
     """
+    n, d, m, lam, R, B = setup.n, setup.d, setup.m, setup.lam, setup.R, setup.B
     data_rng = seeds.rng(seed)
-    X, y = synthetic_data(n, d, R, B, label_noise, data_rng)
+    X, y = synthetic_data(n, d, R, B, setup.label_noise, data_rng)
     Xc, yc = canaries(m, d, R, B, data_rng)
     M = residual_bound(R, B, lam, n + m)
     rows = []

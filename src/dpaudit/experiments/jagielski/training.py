@@ -152,7 +152,8 @@ class Calls:
     :func:`dpaudit.dpsgd.seeds_per_call`: as many as ``device``'s memory holds, a GPU being
     shared by ``jobs_per_gpu`` jobs), at matmul ``precision``
     (:func:`dpaudit.dpsgd.matmul_precision`); progress lines to ``log``, one per
-    ``every_s`` seconds at most."""
+    ``every_s`` seconds at most. ``on_trained(side, start, {cell: Params})`` sees every
+    call's trained models (and nothing is restored then: every model is trained)."""
 
     block: int = 100
     device: Any = None
@@ -161,6 +162,7 @@ class Calls:
     precision: str = "fp32"
     log: Callable[[str], None] | None = None
     every_s: float = 15.0
+    on_trained: Callable[[str, int, dict], None] | None = None
 
     def __post_init__(self):
         per_call = self.per_call
@@ -219,9 +221,7 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
               cells: dict[str, dpsgd.DPSGDConfig], ks, trials: int, seed: int,
               name: tuple[str, str], init: dpsgd.Params | None = None,
               clipbkd_d0: str = "flipped", *, calls: Calls = Calls(),
-              store: Store | None = None,
-              on_trained: Callable[[str, int, dict], None] | None = None
-              ) -> dict[str, pd.DataFrame]:
+              store: Store | None = None) -> dict[str, pd.DataFrame]:
     """Train and score every cell of a group (one column per cell) on each side of
     ``attack`` (:func:`sides` with ``ks`` and ``clipbkd_d0``), ``trials`` models per side
     and cell, as ``calls`` says.
@@ -232,8 +232,6 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
     trains all of them on one gather of each batch. With ``store``, each finished block of
     a side is kept there (:class:`Store`), and a rerun trains only the missing cells of
     each block: an interrupted job loses at most the blocks of the call it was in.
-    ``on_trained(side, start, {cell: Params})`` sees every trained call's models (and
-    nothing is restored then).
 
     Calls: the blocks of a side that lack the same cells are trained together, a call
     spanning several blocks or part of one. With "shuffle" sampling and gathered batches
@@ -257,7 +255,7 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
         for start in range(0, trials, calls.block):
             plan.append(_planned(group, side, label, k, X, y,
                                  side_seeds[start:start + calls.block], start,
-                                 on_trained is None, say))
+                                 calls.on_trained is None, say))
     total = sum(len(p.seeds) * len(p.todo) for p in plan)
     restored = sum(len(p.seeds) * len(cells) for p in plan) - total
     say(f"{attack}: {len(cells)} cells x {len(plan)} blocks of trials: {restored} models "
@@ -270,7 +268,7 @@ def run_group(task: Task, attack: str, model: dpsgd.ModelSpec,
         if not plan[i].todo:
             tables[i] = plan[i].kept.drop(columns="_key")
         else:
-            _train_span(group, plan, i, j, calls, on_trained, tables, progress)
+            _train_span(group, plan, i, j, calls, tables, progress)
         i = j
     return _by_cell(plan, tables, cells)
 
@@ -325,7 +323,7 @@ class _Progress:
 
 
 def _train_span(group: _Group, plan: list[_Block], i: int, j: int, calls: Calls,
-                on_trained, tables: list, progress: _Progress) -> None:
+                tables: list, progress: _Progress) -> None:
     """Train the cells to train of blocks ``i`` to ``j`` (one side), ``calls.per_call``
     seeds per call, and fill each block's table (kept and written to the store) as soon as
     its trials are scored."""
@@ -342,8 +340,8 @@ def _train_span(group: _Group, plan: list[_Block], i: int, j: int, calls: Calls,
         with dpsgd.matmul_precision(calls.precision):
             trained = dpsgd.train(X, y, model, cfgs, chunk, init=group.init,
                                   device=calls.device)
-        if on_trained is not None:
-            on_trained(side, first + at, dict(zip(todo, trained)))
+        if calls.on_trained is not None:
+            calls.on_trained(side, first + at, dict(zip(todo, trained)))
         scored += [_block_rows(side, first + at, chunk, c,
                                score_models(p, model, group.task, group.attack))
                    for c, p in zip(todo, trained)]

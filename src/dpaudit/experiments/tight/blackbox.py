@@ -98,6 +98,28 @@ class FullBatch:
         return {"eps_th": eps["eps_pld"], "eps_rdp": eps["eps_th"]}
 
 
+@dataclass(frozen=True)
+class Auditor:
+    """What the auditor of :func:`audit` chooses: the initial parameters compared
+    (``inits``, names of :data:`INITS`), the ``canary`` (:func:`canary`), the rows of the
+    task that pre-train the worst-case init (``n_aux``) and the audited rows after them
+    (``n``; :func:`split`), and the pre-training (``pretrain``, :func:`worst_case_init`)."""
+
+    inits: tuple[str, ...] = INITS
+    canary: str = "blank"
+    n_aux: int | None = None
+    n: int | None = None
+    pretrain: dict | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "inits", tuple(self.inits))
+        inits = self.inits
+        if not inits or any(i not in INITS for i in inits) or len(set(inits)) != len(inits):
+            raise ValueError(f"inits={inits!r}: must be distinct names from {INITS}")
+        if self.canary not in CANARIES:
+            raise ValueError(f"canary kind={self.canary!r}: must be one of {CANARIES}")
+
+
 def split(task: jagielski.Task, n_aux: int | None = None, n: int | None = None
           ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """``(aux, audited)``: the first ``n_aux`` rows of the task (default half) pre-train the
@@ -202,12 +224,10 @@ def trainer_digest() -> str:
 
 
 def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs: int,
-          seed: int, inits: tuple[str, ...] = INITS, canary_kind: str = "blank",
-          n_aux: int | None = None, n: int | None = None, alpha: float = 0.05,
-          delta: float = 1e-5, pretrain: dict | None = None,
+          seed: int, auditor: Auditor = Auditor(), alpha: float = 0.05, delta: float = 1e-5,
           execution: trials.Execution = trials.Execution()) -> list[dict]:
     """The black-box audit: ``runs`` models per side (D0 = the audited rows, D1 = them plus
-    the canary) for every init of ``inits``. Returns one row per init and bound kind
+    the canary) for every init of ``auditor.inits``. Returns one row per init and bound kind
     (certified Clopper-Pearson, then the GDP estimate), each with ``method``,
     ``threat_model``, ``relation``, ``eps_th`` (add/remove, PLD), ``eps_rdp``, ``eps_lb``,
     ``certified``, ``runs`` (per side), ``mu_lb``, ``eps_lb_gdp``, ``tpr``, ``fpr``, ``auc``
@@ -220,12 +240,12 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     audited rows, the canary, the initial model, the set-up, the trainer code, the device
     kind) and a rerun restores them (checked: key, trials, seeds, columns, content hash)
     and trains the rest."""
-    inits = tuple(inits)
-    _check_audit(inits, runs, canary_kind, setting)
+    _check_audit(auditor, runs, setting)
+    inits, canary_kind = auditor.inits, auditor.canary
     per_call, dev = execution.per_call, resolve(execution.device)
-    (X_aux, _), (X0, y0) = split(task, n_aux, n)
+    (X_aux, _), (X0, y0) = split(task, auditor.n_aux, auditor.n)
     t0 = time.perf_counter()
-    start = worst_case_init(task, model, seed, len(X_aux), pretrain, dev)
+    start = worst_case_init(task, model, seed, len(X_aux), auditor.pretrain, dev)
     t_pre = time.perf_counter() - t0
     # The canary is fixed before any audited run, from the auditor's model: the same under
     # every init, so the inits are compared on one canary.
@@ -273,15 +293,13 @@ def audit(task: jagielski.Task, model: dpsgd.ModelSpec, setting: FullBatch, runs
     return rows
 
 
-def _check_audit(inits: tuple[str, ...], runs: int, canary_kind: str, setting) -> None:
+def _check_audit(auditor: Auditor, runs: int, setting) -> None:
     """ValueError, naming the argument, unless :func:`audit` can run with these."""
-    if not inits or any(i not in INITS for i in inits) or len(set(inits)) != len(inits):
-        raise ValueError(f"inits={inits!r}: must be distinct names from {INITS}")
+    if not isinstance(auditor, Auditor):
+        raise ValueError(f"auditor: must be an Auditor, not {type(auditor).__name__}")
     if isinstance(runs, bool) or int(runs) != runs or runs < 4:
         raise ValueError(f"runs={runs!r}: must be an integer >= 4 (per side; half choose "
                          f"the threshold, half evaluate it)")
-    if canary_kind not in CANARIES:
-        raise ValueError(f"canary kind={canary_kind!r}: must be one of {CANARIES}")
     if not isinstance(setting, FullBatch):
         raise ValueError(f"setting: must be a FullBatch, not {type(setting).__name__}")
 
@@ -295,6 +313,6 @@ def blackbox_noise(label: str, steps: int, delta: float) -> float:
                                                                    "pld")
 
 
-__all__ = ["INITS", "CANARIES", "THREAT_MODEL", "RELATION", "PRETRAIN", "FullBatch", "split",
-           "worst_case_init", "canary", "train_scores", "trainer_digest", "audit",
+__all__ = ["INITS", "CANARIES", "THREAT_MODEL", "RELATION", "PRETRAIN", "FullBatch", "Auditor",
+           "split", "worst_case_init", "canary", "train_scores", "trainer_digest", "audit",
            "blackbox_noise"]
