@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from dpaudit import accounting
-from dpaudit.testing import assert_private
+from dpaudit.testing import Options, assert_private
 
 EPS, DELTA = 1.0, 1e-5
 SPEC = {"epochs": 4, "lr": 2000.0, "clip": 0.01}
 #: cheap settings: at most 40 evaluation runs per side, 20 validation runs, 95% confidence
-CHEAP = {"runs": 40, "val_runs": 20, "alpha": 0.05, "budget_s": 60, "seed": 3}
+CHEAP = {"runs": 40, "alpha": 0.05, "budget_s": 60, "seed": 3, "options": Options(val_runs=20)}
 
 
 def _data(n=100, informative=4, blank=12):

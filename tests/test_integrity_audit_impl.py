@@ -211,9 +211,9 @@ def test_the_chance_check_refuses_user_functions_only():
         return lambda x: torch.tensor([[[1.0 + s % 7, 0.0]] * len(x) for s in seeds])
 
     canary = Canary("test", torch.tensor([0.5]), 1)
-    args = (at_chance, X, y, canary, 1.0, 1e-5, 40, 10, {}, 0)
+    args = (at_chance, X, y, canary, tramer.Design(1.0, 1e-5, 40, 10, 0), {})
     with pytest.raises(tramer.Unauditable, match="at chance"):
-        tramer.audit_implementation(*args, test=(X, y), seed_check=0)
-    row, _ = tramer.audit_implementation(*args, test=(X, y), seed_check=0,
-                                         refuse_at_chance=False)
+        tramer.audit_implementation(*args, test=(X, y), checks=tramer.Checks(seed_check=0))
+    row, _ = tramer.audit_implementation(*args, test=(X, y), checks=tramer.Checks(
+        seed_check=0, refuse_at_chance=False))
     assert row["test_acc_mean"] == 0.5 and row["verdict"]

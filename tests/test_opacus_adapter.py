@@ -378,8 +378,8 @@ def test_the_audit_accepts_the_adapter_in_every_mode(mode, poisson):
     init = (dpsgd.init_params(subjects.model_spec(spec, D, 2), 1, 0, device="cpu")
             if mode == "worst-case-init" else None)
     row, table = tramer.audit_implementation(
-        train, X, y, canaries.make_canary("checkerboard", X, y, 1), 5.0, 1e-5, 10, 5, spec,
-        0, 0.05, mode=mode, init=init)
+        train, X, y, canaries.make_canary("checkerboard", X, y, 1),
+        tramer.Design(5.0, 1e-5, 10, 5, 0, 0.05), spec, mode=tramer.Mode(mode, init))
     assert len(table) == 30 and row["seed_check"] == 3 and row["usable_runs"] == 30
     assert row["verdict"] == tramer.NO_VIOLATION  # 10 runs certify at most eps 0.8 < 5
 

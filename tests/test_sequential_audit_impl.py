@@ -114,9 +114,10 @@ def test_budget_stops_it_after_the_round_it_began():
 
     X, y = tight._data()
     row, losses = tramer.audit_implementation(
-        _slow_fixed, X, y, None, tight.EPS, tight.DELTA, MAX_RUNS, 20, tight.SPEC, 3,
-        tight.ALPHA, 1000, mode="white-box", seed_check=0,
-        schedule=tramer.schedule_of(MAX_RUNS, budget_s=0.3))
+        _slow_fixed, X, y, None, tramer.Design(
+            tight.EPS, tight.DELTA, MAX_RUNS, 20, 3, tight.ALPHA,
+            schedule=tramer.schedule_of(MAX_RUNS, budget_s=0.3)), tight.SPEC,
+        mode=tramer.Mode("white-box"), checks=tramer.Checks(seed_check=0))
     assert row["stop_reason"] == "budget" and row["looks"] == 1 and row["runs"] == 20
     assert (losses.split == "evaluation").sum() == 40
     assert row["verdict"] == tramer.NO_VIOLATION

@@ -212,8 +212,9 @@ def _audit(name, mode, runs=60, seed=3):
         init = tramer.pretrained_init(X, y, subjects.model_spec(SPEC, D_IN, 2), 1, "cpu")
     profile = tramer.claimed_profile(*subjects.claimed_dpsgd(SPEC, EPS, DELTA, N))
     return tramer.audit_implementation(
-        subjects.SUBJECTS[name], X, y, canaries.make_canary("clipbkd", X, y, None), EPS,
-        DELTA, runs, runs, SPEC, seed, ALPHA, 1000, mode=mode, init=init, profile=profile)
+        subjects.SUBJECTS[name], X, y, canaries.make_canary("clipbkd", X, y, None),
+        tramer.Design(EPS, DELTA, runs, runs, seed, ALPHA, profile), SPEC,
+        mode=tramer.Mode(mode, init))
 
 
 @pytest.mark.parametrize("name", ["shuffle", "shuffle-once"])

@@ -12,11 +12,15 @@ import pytest
 from dpaudit.cli import main
 from dpaudit.experiments import tramer
 from dpaudit.io import read_table
-from dpaudit.testing import NOT_A_PROOF, assert_private
+from dpaudit.testing import NOT_A_PROOF, Options, assert_private
 from fakedata import idx_bytes
 
 SPEC = {"epochs": 4, "batch_size": 60, "lr": 2000.0, "clip": 0.01, "device": "cpu"}
-CHEAP = {"runs": 40, "val_runs": 10, "alpha": 0.05, "seed": 3, "n_train": 60}
+CHEAP = {"runs": 40, "alpha": 0.05, "seed": 3}
+
+
+def _options(root) -> Options:
+    return Options(val_runs=10, n_train=60, data_root=root)
 
 
 @pytest.fixture
@@ -37,7 +41,7 @@ def fmnist_root(tmp_path):
 def test_a_violation_fails_with_numbers_the_named_command_reproduces(fmnist_root, tmp_path,
                                                                      capsys):
     with pytest.raises(AssertionError) as failed:
-        assert_private("buggy", 1.0, 1e-5, SPEC, data_root=fmnist_root, **CHEAP)
+        assert_private("buggy", 1.0, 1e-5, SPEC, options=_options(fmnist_root), **CHEAP)
     text = str(failed.value)
     assert "buggy violates" in text and "certified eps_LB = " in text
     command = text.split("reproduce: ")[1]
@@ -53,7 +57,7 @@ def test_a_violation_fails_with_numbers_the_named_command_reproduces(fmnist_root
 
 
 def test_no_violation_passes_and_says_it_is_not_a_proof(fmnist_root):
-    check = assert_private("fixed", 1.0, 1e-5, SPEC, data_root=fmnist_root, **CHEAP)
+    check = assert_private("fixed", 1.0, 1e-5, SPEC, options=_options(fmnist_root), **CHEAP)
     assert check.row["stop_reason"] == "max_runs" and check.row["runs"] == CHEAP["runs"]
     assert check.row["verdict"] == tramer.NO_VIOLATION and NOT_A_PROOF in check.message
     assert check.command.startswith("dpaudit audit-impl --sequential --train fixed")

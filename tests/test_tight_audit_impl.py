@@ -40,15 +40,15 @@ def _profile(eps: float) -> tramer.ClaimedProfile:
     return tramer.claimed_profile(*subjects.claimed_dpsgd({**SPEC, "eps": eps}, eps, DELTA, N))
 
 
-def _audit(name, mode, runs=100, seed=3, eps=EPS, **kw):
+def _audit(name, mode, runs=100, seed=3, eps=EPS, schedule=None, **kw):
     X, y = _data()
     init = None
     if mode == "worst-case-init":
         init = tramer.pretrained_init(X, y, subjects.model_spec(SPEC, D, 2), 1, "cpu")
     return tramer.audit_implementation(
-        subjects.SUBJECTS[name], X, y, canaries.make_canary("clipbkd", X, y, None), eps,
-        DELTA, runs, runs, {**SPEC, "eps": eps}, seed, ALPHA, 1000, mode=mode, init=init,
-        profile=_profile(eps), **kw)
+        subjects.SUBJECTS[name], X, y, canaries.make_canary("clipbkd", X, y, None),
+        tramer.Design(eps, DELTA, runs, runs, seed, ALPHA, _profile(eps), schedule),
+        {**SPEC, "eps": eps}, mode=tramer.Mode(mode, init), **kw)
 
 
 def test_half_steps_true_eps_is_that_of_its_noise_over_all_steps():
@@ -202,10 +202,8 @@ def test_a_function_without_the_modes_keyword_is_refused_by_name():
             tramer.check_mode(fn, mode)
     X, y = _data()
     with pytest.raises(ValueError, match="init: given in mode 'black-box'"):
-        tramer.audit_implementation(_plain, X, y, canaries.make_canary("clipbkd", X, y, None),
-                                    EPS, DELTA, 10, 10, SPEC, 0, mode="black-box",
-                                    init=subjects.dpsgd.init_params(
-                                        subjects.model_spec(SPEC, D, 2), 1, 0, device="cpu"))
+        tramer.Mode("black-box", init=subjects.dpsgd.init_params(
+            subjects.model_spec(SPEC, D, 2), 1, 0, device="cpu"))
 
 
 def test_white_box_refuses_output_that_breaks_its_contract_and_seedless_runs():
@@ -220,13 +218,13 @@ def test_white_box_refuses_output_that_breaks_its_contract_and_seedless_runs():
 
     with pytest.raises(tramer.Unauditable, match="returned scores NoneType; the contract is "
                                                  "a dpaudit.dpsgd.CanaryRun"):
-        tramer.audit_whitebox(predict_only, X, y, EPS, DELTA, 10, 10, SPEC, 0)
+        tramer.audit_whitebox(predict_only, X, y, tramer.Design(EPS, DELTA, 10, 10, 0), SPEC)
     with pytest.raises(tramer.Unauditable, match="not deterministic in its seed"):
-        tramer.audit_whitebox(seeded_by_call, X, y, EPS, DELTA, 10, 10, SPEC, 0)
+        tramer.audit_whitebox(seeded_by_call, X, y, tramer.Design(EPS, DELTA, 10, 10, 0), SPEC)
     with pytest.raises(ValueError, match=r"spec.clip=None: white-box mode needs the clipping "
                                          r"norm"):
-        tramer.audit_whitebox(_kwargs, X, y, EPS, DELTA, 10, 10,
-                              {k: v for k, v in SPEC.items() if k != "clip"}, 0)
+        tramer.audit_whitebox(_kwargs, X, y, tramer.Design(EPS, DELTA, 10, 10, 0),
+                              {k: v for k, v in SPEC.items() if k != "clip"})
 
 
 def test_the_cli_modes_are_the_audits(tmp_path, monkeypatch, capsys):

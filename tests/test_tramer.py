@@ -219,8 +219,8 @@ def test_buggy_violates_its_claim_and_fixed_does_not():
     rows = {}
     for name in ("buggy", "fixed"):
         rows[name], losses = tramer.audit_implementation(
-            subjects.SUBJECTS[name], X, y, canary, EPS, DELTA, runs=100, val_runs=50,
-            spec=spec, seed=3)
+            subjects.SUBJECTS[name], X, y, canary,
+            tramer.Design(EPS, DELTA, runs=100, val_runs=50, seed=3), spec)
         assert len(losses) == 300 and losses.seed.is_unique
     assert rows["buggy"]["verdict"] == tramer.VIOLATES
     assert rows["buggy"]["eps_lb"] > 4 * EPS and rows["buggy"]["tpr"] > 0.9
@@ -243,9 +243,9 @@ def test_kept_runs_of_both_subjects_train_once_as_columns(tmp_path):
         fn, store, key = stores[name]
         more = dict(store=store, key=key, together={other: stores[other] for other in stores
                                                     if other != name}) if kept else {}
-        return tramer.audit_implementation(fn, X, y, canary, EPS, DELTA, runs=12, val_runs=6,
-                                           spec=spec, seed=1, batch_runs=8,
-                                           progress=None if log is None else log.append, **more)
+        return tramer.audit_implementation(
+            fn, X, y, canary, tramer.Design(EPS, DELTA, runs=12, val_runs=6, seed=1), spec,
+            batches=tramer.Batches(8, None if log is None else log.append, **more))
 
     msgs = {name: [] for name in stores}
     first = {name: audit(name, msgs[name]) for name in stores}
@@ -270,8 +270,8 @@ def test_user_function_by_module_path(user_module):
     for bug in (True, False):
         fn = subjects.load_train_fn(f"{user_module}:train")
         row, _ = tramer.audit_implementation(
-            fn, X, y, canary, EPS, DELTA, runs=200, val_runs=100,
-            spec={"n_classes": 2, "clip": 1.0, "sigma": sigma, "bug": bug}, seed=0)
+            fn, X, y, canary, tramer.Design(EPS, DELTA, runs=200, val_runs=100, seed=0),
+            {"n_classes": 2, "clip": 1.0, "sigma": sigma, "bug": bug})
         verdicts[bug] = row["verdict"]
     assert verdicts == {True: tramer.VIOLATES, False: tramer.NO_VIOLATION}
 
@@ -283,9 +283,9 @@ def test_batched_runs_equal_unbatched_ones(user_module, tmp_path):
     canary = canaries.make_canary("checkerboard", X, y)
     fn = subjects.load_train_fn(f"{user_module}:train")
     spec = {"n_classes": 2, "clip": 1.0, "sigma": 1.0}
-    out = {b: tramer.audit_implementation(fn, X, y, canary, EPS, DELTA, runs=40, val_runs=9,
-                                          spec=spec, seed=4, batch_runs=b,
-                                          store=tmp_path / str(b))
+    out = {b: tramer.audit_implementation(
+        fn, X, y, canary, tramer.Design(EPS, DELTA, runs=40, val_runs=9, seed=4), spec,
+        batches=tramer.Batches(b, store=tmp_path / str(b)))
            for b in (1, 7, 1000)}
     for b in (1, 7):
         pd.testing.assert_frame_equal(out[b][1], out[1000][1], check_exact=True)

@@ -44,6 +44,20 @@ class PrivacyCheck:
     message: str
 
 
+@dataclass(frozen=True)
+class Options:
+    """The rarely changed settings of :func:`assert_private`: ``val_runs`` validation runs
+    per side choose the threshold; the ``canary`` (a kind of :func:`dpaudit.canaries.
+    make_canary`); without data of your own, the first ``n_train`` examples of the audit's
+    Fashion-MNIST subset of ``classes``, from ``data_root`` as the CLI loads it."""
+
+    val_runs: int = 50
+    canary: str = "checkerboard"
+    n_train: int = 500
+    classes: tuple = (0, 1)
+    data_root: object = None
+
+
 def _target(train) -> tuple[object, str | None, bool]:
     """The function, its CLI ``--train`` target (None where the CLI cannot import it) and
     whether it is a registry subject."""
@@ -57,9 +71,9 @@ def _target(train) -> tuple[object, str | None, bool]:
     return train, f"{module}:{name}" if ok else None, False
 
 
-def _data(X, y, n_train: int, classes, data_root, mode: str):
-    """(X, y, aux): the user's arrays, or the CLI's FMNIST subset (``aux``: the rows after
-    the first ``n_train``, where worst-case init is pre-trained)."""
+def _data(X, y, options: Options, mode: str):
+    """(X, y, aux): the user's arrays, or the CLI's FMNIST subset of ``options`` (``aux``:
+    the rows after the first ``n_train``, where worst-case init is pre-trained)."""
     if (X is None) != (y is None):
         raise ValueError("X, y: give both (your data) or neither (the audit's FMNIST subset)")
     if X is not None:
@@ -69,7 +83,9 @@ def _data(X, y, n_train: int, classes, data_root, mode: str):
         return torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y).long(), None
     from .data import load_fmnist
 
-    X_all, y_all = (torch.as_tensor(a) for a in load_fmnist(data_root, classes=list(classes)))
+    n_train, classes = options.n_train, options.classes
+    X_all, y_all = (torch.as_tensor(a) for a in load_fmnist(options.data_root,
+                                                            classes=list(classes)))
     if len(X_all) < n_train + (500 if mode == "worst-case-init" else 0):
         raise ValueError(f"n_train={n_train}: only {len(X_all)} examples of classes "
                          f"{list(classes)} in the FMNIST subset")
@@ -77,63 +93,63 @@ def _data(X, y, n_train: int, classes, data_root, mode: str):
                                               y_all[n_train:n_train + 500])
 
 
-def _command(target: str | None, eps, delta, spec: dict, mode: str, runs: int, val_runs: int,
-             alpha: float, seed: int, canary: str, n_train: int, classes) -> str | None:
+def _command(target: str | None, eps, delta, spec: dict, mode: str, runs: int, alpha: float,
+             seed: int, options: Options) -> str | None:
     """The ``dpaudit audit-impl --sequential`` line with the same runs (no --budget: it
     only cuts rounds short, and the rounds before a certified one are the same)."""
     if target is None:
         return None
     args = ["dpaudit", "audit-impl", "--sequential", "--train", target, "--eps", f"{eps!r}",
             "--delta", f"{delta!r}", "--mode", mode, "--runs", str(runs), "--val-runs",
-            str(val_runs), "--alpha", f"{alpha!r}", "--seed", str(seed), "--canary", canary,
-            "--n-train", str(n_train), "--classes", ",".join(str(c) for c in classes),
-            "--spec", json.dumps(spec), "--out", "audit.csv"]
+            str(options.val_runs), "--alpha", f"{alpha!r}", "--seed", str(seed), "--canary",
+            options.canary, "--n-train", str(options.n_train), "--classes",
+            ",".join(str(c) for c in options.classes), "--spec", json.dumps(spec), "--out",
+            "audit.csv"]
     return shlex.join(args)
 
 
 def assert_private(train, eps: float, delta: float, spec: dict, X=None, y=None,
                    mode: str = "black-box", budget_s: float | None = 60.0, alpha: float = 0.01,
-                   runs: int = 1000, seed: int = 0, val_runs: int = 50,
-                   canary: str = "checkerboard", n_train: int = 500,
-                   classes=(0, 1), data_root=None) -> PrivacyCheck:
+                   runs: int = 1000, seed: int = 0,
+                   options: Options = Options()) -> PrivacyCheck:
     """Audit ``train`` (a training function of the :mod:`dpaudit.subjects` contract, or a
     registry name / ``"module.path:function"``) against its claimed (``eps``, ``delta``)
     with ``audit-impl --sequential``'s procedure in ``mode``, and raise AssertionError on
     a certified violation, naming eps_LB (or the profile test's V), the runs it took and
     the command line that reproduces them.
 
-    ``X``, ``y``: the training data (None: the first ``n_train`` examples of the audit's
-    Fashion-MNIST subset of ``classes``, from ``data_root`` as the CLI loads it).
-    ``val_runs`` runs per side choose the threshold; then evaluation runs in rounds, at
-    most ``runs`` per side, no new round after ``budget_s`` seconds of them (None: no
-    limit); each test
-    holds at confidence ``1 - alpha`` however many rounds it took. A registry subject gets
-    ``eps``, ``delta`` and ``n`` in its spec as the CLI gives them; a spec that names q and
-    steps (or batch_size and epochs) also tests the claimed DP-SGD privacy profile.
-    Returns a :class:`PrivacyCheck` whose message says that passing is not a proof.
-    A function the audit cannot audit (breaks the contract, ignores its seeds, diverges)
-    raises :class:`dpaudit.user_code.Unauditable`, not a pass.
+    ``X``, ``y``: the training data (None: the audit's Fashion-MNIST subset,
+    :class:`Options`). The validation runs choose the threshold; then evaluation runs in
+    rounds, at most ``runs`` per side, no new round after ``budget_s`` seconds of them
+    (None: no limit); each test holds at confidence ``1 - alpha`` however many rounds it
+    took. A registry subject gets ``eps``, ``delta`` and ``n`` in its spec as the CLI
+    gives them; a spec that names q and steps (or batch_size and epochs) also tests the
+    claimed DP-SGD privacy profile. ``options``: the rarely changed settings
+    (:class:`Options`). Returns a :class:`PrivacyCheck` whose message says that passing
+    is not a proof. A function the audit cannot audit (breaks the contract, ignores its
+    seeds, diverges) raises :class:`dpaudit.user_code.Unauditable`, not a pass.
     """
     fn, target, own = _target(train)
     need = tramer.min_runs(eps, delta, alpha)
     if runs < need:
         raise ValueError(f"runs={runs}: too few for eps={eps:g} at alpha={alpha:g}; even a "
                          f"perfect attack needs runs >= {need}")
-    data_X, data_y, aux = _data(X, y, n_train, classes, data_root, mode)
+    data_X, data_y, aux = _data(X, y, options, mode)
     n = len(data_X)
     full = {**spec, "eps": eps, "delta": delta, "n": n} if own else dict(spec)
     claim = subjects.claimed_dpsgd(full, eps, delta, n)
     init = None
     if aux is not None and mode == "worst-case-init":
-        model = subjects.model_spec(full, data_X.shape[1], len(classes))
+        model = subjects.model_spec(full, data_X.shape[1], len(options.classes))
         init = tramer.pretrained_init(*aux, model, seed)
     row, losses = tramer.audit_implementation(
-        fn, data_X, data_y, canaries.make_canary(canary, data_X, data_y, None), eps, delta,
-        runs, val_runs, full, seed, alpha, mode=mode, init=init,
-        profile=None if claim is None else tramer.claimed_profile(*claim),
-        schedule=tramer.schedule_of(runs, budget_s if budget_s else math.inf))
-    command = (_command(target, eps, delta, spec, mode, runs, val_runs, alpha, seed, canary,
-                        n, classes) if X is None else None)
+        fn, data_X, data_y, canaries.make_canary(options.canary, data_X, data_y, None),
+        tramer.Design(eps, delta, runs, options.val_runs, seed, alpha,
+                      None if claim is None else tramer.claimed_profile(*claim),
+                      tramer.schedule_of(runs, budget_s if budget_s else math.inf)),
+        full, mode=tramer.Mode(mode, init))
+    command = (_command(target, eps, delta, spec, mode, runs, alpha, seed, options)
+               if X is None else None)
     done = (f"{row['runs_in']} + {row['runs_out']} evaluation runs (in + out) of at most "
             f"{runs} per side, {row['looks']} looks, stopped: {row['stop_reason']}")
     if row["verdict"] != tramer.NO_VIOLATION:

@@ -228,7 +228,8 @@ def _write(rows: list, losses: list, devices: dict, provenance: dict, out: Path,
 def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int,
                prepare=None, **more):
     """:func:`dpaudit.experiments.tramer.audit_implementation` of one implementation of
-    ``plan`` (``more``: its keyword arguments of this implementation): a user's function
+    ``plan`` (``more``: its ``test`` split, ``init``, ``profile``, and where its batches
+    are kept, ``store``, ``key``, ``together``): a user's function
     in a worker process of its own (:class:`dpaudit.user_code.Worker`, killed with its
     process group when the audit ends, however it ends); the registry subjects, dpaudit's
     own code, here, where those of one spec train as columns of the same calls.
@@ -249,14 +250,16 @@ def _audit_one(plan: dict, target: str, fn, X, y, canary, spec: dict, seed: int,
             plan, spec, extra = prepare(train_fn)
             more.update(extra)
         return tramer.audit_implementation(
-            train_fn, X, y, canary, plan["eps"], plan["delta"], plan["runs"],
-            plan["val_runs"], spec, seed, plan["alpha"], plan["batch_runs"],
-            progress=lambda msg: print(f"audit-impl: {target}: {msg}", file=sys.stderr),
-            seed_check=plan["seed_check"], max_diverged=plan["max_diverged"],
-            mode=plan["mode"], refuse_at_chance=not own,
-            call_limit=plan["call_limit"] or None, mates=plan["mates"],
-            schedule=None if not plan.get("sequential") else tramer.schedule_of(
-                plan["runs"], plan["budget"]), **more)
+            train_fn, X, y, canary, tramer.Design(
+                plan["eps"], plan["delta"], plan["runs"], plan["val_runs"], seed, plan["alpha"],
+                more["profile"], None if not plan.get("sequential") else tramer.schedule_of(
+                    plan["runs"], plan["budget"])), spec, test=more["test"],
+            mode=tramer.Mode(plan["mode"], more["init"], plan["mates"]),
+            checks=tramer.Checks(plan["seed_check"], plan["max_diverged"], not own,
+                                 plan["call_limit"] or None),
+            batches=tramer.Batches(plan["batch_runs"], lambda msg: print(
+                f"audit-impl: {target}: {msg}", file=sys.stderr), more["store"], more["key"],
+                more["together"]))
 
 
 def _loop_claim(plan: dict, target: str, train_fn, X, y, canary, seed: int) -> dict:

@@ -200,9 +200,10 @@ def _audit(entry: Entry, target: str, seed: int, alpha: float, runs: int, val_ru
     claim = subjects.claimed_dpsgd(spec, s["eps"], DELTA, s["n"])
     canary = None if entry.check == "white-box" else canaries.make_canary("clipbkd", X, y)
     row, _ = tramer.audit_implementation(
-        subjects.SUBJECTS[target], X, y, canary, s["eps"], DELTA, runs, val_runs, spec,
-        seed, alpha, batch_runs=1000, seed_check=seed_check, mode=entry.check,
-        profile=tramer.claimed_profile(*claim), schedule=schedule, progress=log)
+        subjects.SUBJECTS[target], X, y, canary, tramer.Design(
+            s["eps"], DELTA, runs, val_runs, seed, alpha, tramer.claimed_profile(*claim),
+            schedule), spec, mode=tramer.Mode(entry.check),
+        checks=tramer.Checks(seed_check), batches=tramer.Batches(progress=log))
     return row
 
 
@@ -250,11 +251,11 @@ def loop(entry: Entry, target: str, scale: Scale, seed: int, alpha: float) -> di
     profile = subjects.claimed_dpsgd(spec, claim["eps"], DELTA, s["n"]) if "q" in spec \
         else None
     got, _ = tramer.audit_implementation(
-        train, X, y, canary, claim["eps"], DELTA, scale.loop_max_runs, scale.loop_val_runs,
-        spec, seed, alpha, batch_runs=1000, seed_check=scale.seed_check,
-        mode=entry.check, refuse_at_chance=False, call_limit=None,
-        profile=None if profile is None else tramer.claimed_profile(*profile),
-        schedule=tramer.schedule_of(scale.loop_max_runs))
+        train, X, y, canary, tramer.Design(
+            claim["eps"], DELTA, scale.loop_max_runs, scale.loop_val_runs, seed, alpha,
+            None if profile is None else tramer.claimed_profile(*profile),
+            tramer.schedule_of(scale.loop_max_runs)), spec, mode=tramer.Mode(entry.check),
+        checks=tramer.Checks(scale.seed_check, refuse_at_chance=False, call_limit=None))
     _, known = _probe(target, s["n"], seed)
     return {"claimed_eps": claim["eps"], "eps_lb": float(got["eps_lb"]), "eps_known": known,
             "profile": ("not tested" if profile is None else "violated"

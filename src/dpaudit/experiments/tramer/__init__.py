@@ -68,32 +68,34 @@ Both insert (add) the canary: add/remove neighbours, so the claim is read as an 
 eps. The Clopper-Pearson ``eps_lb`` holds for any score (``certified``); ``eps_lb_gdp``
 assumes the Gaussian trade-off curve (an estimate).
 
-Modules: :mod:`.claim` (the claim under test, the verdicts, the runs a claim needs),
-:mod:`.profile` (the profile test), :mod:`.statistics` (threshold, counts and bounds of the
-runs' scores), :mod:`.runs` (the calls of the training function, their limits and the seed
-check; a user's function runs in a :class:`dpaudit.user_code.Worker`), :mod:`.recheck`
-(the checks after the runs, on seeds the function cannot predict, and the probes of what
-each mode passes), :mod:`.modes` (the tight modes), :mod:`.audit` (the ``audit-impl``
-procedure), :mod:`.sequential` (the anytime-valid audit in rounds), :mod:`.rounds` (its
-evaluation runs in any mode: ``audit-impl --sequential``) and
-:mod:`.reaudit` (an audit table recomputed from its losses); this package re-exports their
-public names.
+Modules: :mod:`.claim` (the claim under test, the verdicts, the runs a claim needs, an
+audit's :class:`Design`), :mod:`.profile` (the profile test), :mod:`.statistics`
+(threshold, counts and bounds of the runs' scores), :mod:`.runs` (the calls of the training
+function, their limits and the seed check, what an audit refuses, :class:`Checks`, and how
+its runs are batched and kept, :class:`Batches`; a user's function runs in a
+:class:`dpaudit.user_code.Worker`), :mod:`.recheck` (the checks after the runs, on seeds
+the function cannot predict, and the probes of what each mode passes), :mod:`.modes` (the
+tight modes, :class:`Mode`), :mod:`.audit` (the ``audit-impl`` procedure),
+:mod:`.sequential` (the anytime-valid audit in rounds), :mod:`.rounds` (its evaluation runs
+in any mode: ``audit-impl --sequential``) and :mod:`.reaudit` (an audit table recomputed
+from its losses); this package re-exports their public names.
 """
 
 from __future__ import annotations
 
 from .audit import audit_implementation
-from .claim import (ALPHA, NO_VIOLATION, VIOLATES, VIOLATES_PROFILE, max_eps_lb, min_runs,
-                    mu_claimed, verdict)
-from .modes import (INSERTION_ALPHA, MODE_KEYWORDS, MODES, RELATION, audit_whitebox,
+from .claim import (ALPHA, NO_VIOLATION, VIOLATES, VIOLATES_PROFILE, Design, max_eps_lb,
+                    min_runs, mu_claimed, verdict)
+from .modes import (INSERTION_ALPHA, MODE_KEYWORDS, MODES, RELATION, Mode, audit_whitebox,
                     check_insertions, check_mode, pretrained_init, whitebox_clip,
                     whitebox_runs)
 from .profile import PROFILE_GRID, ClaimedProfile, claimed_profile, profile_columns
 from .recheck import recheck_blackbox, recheck_whitebox
 from .reaudit import REAUDIT_COLUMNS, RUN_KEY, compare_retrained, reaudit
 from .rounds import schedule_of
-from .runs import (CALL_LIMIT, CONTRACT, SEED_CHECK, Unauditable, UserCodeFailed, check_options,
-                   check_seeds, run_seeds, train_runs, trainer_digest, user_call)
+from .runs import (CALL_LIMIT, CONTRACT, SEED_CHECK, Batches, Checks, Unauditable,
+                   UserCodeFailed, check_options, check_seeds, run_seeds, train_runs,
+                   trainer_digest, user_call)
 from .sequential import Schedule, sequential_audit
 from .statistics import (GROUPS, OWN_RUNS, accuracy_columns, audit_counts, audit_loss_table,
                          audit_losses, audit_scores)
@@ -108,4 +110,4 @@ __all__ = ["ALPHA", "VIOLATES", "VIOLATES_PROFILE", "NO_VIOLATION", "PROFILE_GRI
            "audit_whitebox", "reaudit", "compare_retrained", "CALL_LIMIT", "UserCodeFailed",
            "user_call", "whitebox_clip", "INSERTION_ALPHA", "check_insertions",
            "recheck_blackbox", "recheck_whitebox", "whitebox_runs", "Schedule",
-           "schedule_of", "sequential_audit"]
+           "schedule_of", "sequential_audit", "Design", "Mode", "Checks", "Batches"]

@@ -5,6 +5,7 @@ iterate scored, with the check that the canary went in."""
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,13 +14,11 @@ import torch
 
 from ... import dpsgd, seeds, subjects, user_code
 from ...trials import Side, run as run_trials
-from .claim import ALPHA
-from .profile import ClaimedProfile
+from .claim import Design
 from .recheck import recheck_whitebox
 from .rounds import evaluation_rounds, sequential_columns
-from .runs import CALL_LIMIT, SEED_CHECK, Progress, Unauditable, check_options, run_seeds
-from .sequential import Schedule
-from .statistics import GROUPS, audit_scores
+from .runs import Batches, Checks, Unauditable, run_seeds, run_side
+from .statistics import GROUPS, audit_scores, run_columns
 
 
 #: Modes of the audit (module docstring), the default first.
@@ -35,6 +34,31 @@ MODE_KEYWORDS = {"worst-case-init": ("init", "the auditor's initial parameters, 
 
 #: The tight modes insert (add) a canary: the claim is an add/remove eps.
 RELATION = "add/remove"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """The mode of an audit (:data:`MODES`) and what it passes the training function:
+    ``init``, the auditor's initial parameters (e.g. :func:`pretrained_init`), which mode
+    ``worst-case-init`` passes to every call and the others take none of; ``mates``, the
+    white-box canary's crafted batch mates (docs/shuffle.md; mode ``white-box`` only)."""
+
+    name: str = "black-box"
+    init: dpsgd.Params | None = None
+    mates: float = 0.0
+
+    def __post_init__(self):
+        if (self.name == "worst-case-init") != (self.init is not None):
+            raise ValueError(f"init: given in mode {self.name!r}; mode 'worst-case-init' "
+                             "needs it (the auditor's initial parameters) and the others "
+                             "take none")
+        if self.mates and self.name != "white-box":
+            raise ValueError(f"mates: only in mode 'white-box', not {self.name!r}")
+
+    @property
+    def extra(self) -> dict | None:
+        """The keyword arguments of the black-box modes' calls: ``init`` where given."""
+        return None if self.init is None else {"init": self.init}
 
 
 def check_mode(train_fn, mode: str) -> None:
@@ -170,101 +194,102 @@ def whitebox_runs(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: list[int], 
     return _canary_scores(reply, len(seeds))
 
 
-def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, claimed_eps: float,
-                   delta: float, runs: int, val_runs: int, spec: dict, seed: int,
-                   alpha: float = ALPHA, batch_runs: int = 1000,
-                   progress: Progress | None = None, store=None, key: dict | None = None,
-                   seed_check: int = SEED_CHECK, max_diverged: float = 0.0,
-                   profile: ClaimedProfile | None = None,
-                   call_limit: float | None = CALL_LIMIT,
-                   mates: float = 0.0,
-                   schedule: Schedule | None = None) -> tuple[dict, pd.DataFrame]:
+def audit_whitebox(train_fn, X: torch.Tensor, y: torch.Tensor, design: Design, spec: dict,
+                   mates: float = 0.0, checks: Checks = Checks(),
+                   batches: Batches = Batches()) -> tuple[dict, pd.DataFrame]:
     """The white-box mode (module docstring): ``train_fn(X, y, seeds, spec,
     canaries=GradientCanaries(g, included, mates=mates))`` with one Dirac canary g of norm
     ``spec["clip"]`` (:func:`dpaudit.experiments.tight.whitebox.canary`, in the layout of the
     model of ``spec``, :func:`dpaudit.subjects.model_spec`), ``included`` True on the runs
-    with the canary, and crafted batch ``mates`` (docs/shuffle.md; the row records them); each run's score is its ``llr`` (``scores`` without noise), and the runs,
-    threshold and bounds are those of :func:`audit_implementation` on it. Returns the row
+    with the canary, and crafted batch ``mates`` (docs/shuffle.md; the row records them);
+    each run's score is its ``llr`` (``scores`` without noise), and the runs, threshold and
+    bounds of ``design`` are those of :func:`audit_implementation` on it. Returns the row
     and the per-run scores (split, canary_in, run, seed, score). Refuses
-    (:class:`Unauditable`) what breaks the contract, runs that do not follow their seeds
-    (``seed_check`` of them trained twice, the second time in reverse order, must give the
-    same scores, and different seeds different ones; after the runs,
-    :func:`recheck_whitebox` on runs drawn from them, with the probes of the canary and
-    the mates) and more than ``max_diverged`` runs
-    with a non-finite score, and calls after which the canaries object passed does not
-    record that the canary went in as its draws make likely (:func:`check_insertions`).
-    ``profile``, ``call_limit`` and ``schedule``: as in :func:`audit_implementation`."""
-    from ..tight.whitebox import METHODS, canary as dirac_canary
+    (:class:`Unauditable`) what breaks the contract, what ``checks`` refuses (the seed
+    check: its runs trained twice, the second time in reverse order, must give the same
+    scores, and different seeds different ones; after the runs, :func:`recheck_whitebox` on
+    runs drawn from them, with the probes of the canary and the mates), and calls after
+    which the canaries object passed does not record that the canary went in as its draws
+    make likely (:func:`check_insertions`). ``batches``: as in
+    :func:`audit_implementation`, the mode added to the key."""
+    from ..tight.whitebox import canary as dirac_canary
 
-    if runs < 1 or val_runs < 1:
-        raise ValueError("runs and val_runs must be >= 1")
-    check_options(seed_check, max_diverged)
     check_mode(train_fn, "white-box")
     clip = whitebox_clip(spec)
     model = subjects.model_spec(spec, X.shape[1], int(y.max()) + 1)
     # On the CPU: the same canary on every machine; the trainer moves it where it trains.
-    direction = dirac_canary(X.numpy(), model, float(clip), seed, device="cpu")
+    direction = dirac_canary(X.numpy(), model, clip, design.seed, device="cpu")
 
     def scores_of(chunk: list[int], inside: bool, runs: str, mates: float = mates) -> dict:
         return whitebox_runs(train_fn, X, y, chunk, spec, direction, inside, mates, runs,
-                             call_limit)
+                             checks.call_limit)
 
-    if seed_check:
-        check = run_seeds(seed, "seed-check", False, seed_check)
-        runs_name = f"seed check's {len(check)} runs"
-        a = scores_of(check, True, runs_name)["dot_sum"]
-        b = scores_of(check[::-1], True, runs_name)["dot_sum"][::-1]
-        scale = float(np.abs(a[np.isfinite(a)]).max(initial=0.0))
-        if not np.allclose(a, b, rtol=0.0, atol=1e-4 * scale, equal_nan=True):
-            raise Unauditable(f"not deterministic in its seed: the runs of seeds {check} "
-                              f"gave other canary scores when trained again in reverse "
-                              f"order ({a} then {b}); take all of a run's randomness from "
-                              "its own seed")
-        if np.all(a == a[0]):
-            raise Unauditable(f"the runs of {len(check)} different seeds {check} gave "
-                              "identical canary scores: the function ignores its seeds")
-
-    def side(split: str, canary_in: bool, n: int) -> Side:
-        return Side(f"{split} runs {'with' if canary_in else 'without'} canary",
-                    run_seeds(seed, split, canary_in, n),
-                    {"split": split, "canary_in": canary_in})
+    if checks.seed_check:
+        _check_seeds_whitebox(scores_of, run_seeds(design.seed, "seed-check", False,
+                                                   checks.seed_check))
 
     def train_score(s: Side, start: int, chunk: list[int]) -> dict:
         return scores_of(chunk, s.columns["canary_in"],
                          f"{s.name} {start}-{start + len(chunk) - 1}")
 
-    fixed = schedule is None  # else the evaluation runs come in rounds, after the validation
-    out = run_trials([side(sp, c, n) for sp, c in GROUPS if fixed or sp == "validation"
-                      for n in [val_runs if sp == "validation" else runs]],
-                     train_score, batch_runs, progress, store=store,
-                     key={**(key or {}), "mode": "white-box"})
+    fixed = design.schedule is None  # else the evaluation runs come in rounds, after the validation
+    out = run_trials([run_side(design.seed, sp, c, design.val_runs if sp == "validation"
+                               else design.runs)
+                      for sp, c in GROUPS if fixed or sp == "validation"],
+                     train_score, batches.size, batches.progress, store=batches.store,
+                     key={**(batches.key or {}), "mode": "white-box"})
+    seq = None
     if not fixed:
         seq, evaluation = evaluation_rounds(
-            side, train_score, lambda runs: runs.score.to_numpy(float), out, claimed_eps,
-            delta, alpha, profile, schedule, batch_runs, progress)
+            train_score, lambda runs: runs.score.to_numpy(float), out, design, batches)
         out = pd.concat([out, evaluation], ignore_index=True)
-    if seed_check:  # on seeds drawn from all the runs' scores, and probes of the canary
-        recheck_whitebox(scores_of, out, seed, seed_check, mates)
+    if checks.seed_check:  # on seeds drawn from all the runs' scores, and probes of the canary
+        recheck_whitebox(scores_of, out, design.seed, checks.seed_check, mates)
+    return _whitebox_row(train_fn, out, design, checks, mates, seq)
+
+
+def _check_seeds_whitebox(scores_of, check: list[int]) -> None:
+    """Refuse (:class:`Unauditable`) white-box runs that do not follow their seeds: the runs
+    of ``check`` trained twice, the second time in reverse order, must give the same
+    dot-sum scores, and different seeds different ones (``scores_of`` as in
+    :func:`audit_whitebox`)."""
+    runs_name = f"seed check's {len(check)} runs"
+    a = scores_of(check, True, runs_name)["dot_sum"]
+    b = scores_of(check[::-1], True, runs_name)["dot_sum"][::-1]
+    scale = float(np.abs(a[np.isfinite(a)]).max(initial=0.0))
+    if not np.allclose(a, b, rtol=0.0, atol=1e-4 * scale, equal_nan=True):
+        raise Unauditable(f"not deterministic in its seed: the runs of seeds {check} "
+                          f"gave other canary scores when trained again in reverse "
+                          f"order ({a} then {b}); take all of a run's randomness from "
+                          "its own seed")
+    if np.all(a == a[0]):
+        raise Unauditable(f"the runs of {len(check)} different seeds {check} gave "
+                          "identical canary scores: the function ignores its seeds")
+
+
+def _whitebox_row(train_fn, out: pd.DataFrame, design: Design, checks: Checks, mates: float,
+                  seq: dict | None) -> tuple[dict, pd.DataFrame]:
+    """The row and the per-run scores of the white-box runs ``out`` (the sequential audit's
+    row ``seq`` where it ran), refused where some calls returned llr and others not, or
+    too many runs diverged."""
+    from ..tight.whitebox import METHODS
+
     is_llr = bool(out.is_llr.all())
     if out.is_llr.any() != is_llr:
         raise Unauditable("white-box mode: some calls returned llr and others None")
     table = out.rename(columns={"trial": "run"})[["split", "canary_in", "run", "seed",
                                                    "score"]]
-    diverged = int((~np.isfinite(table.score)).sum())
-    if diverged > max_diverged * len(table):
-        raise Unauditable(f"{diverged} of {len(table)} runs diverged (non-finite canary "
-                          f"score); at most max_diverged={max_diverged:g} of them may")
+    diverged = checks.diverged(table.score, "score")
     groups = {k: g.score.to_numpy(float) for k, g in table.groupby(["split", "canary_in"])}
     method = "whitebox-llr" if is_llr else "whitebox-dot-sum"
-    row = {"claimed_eps": claimed_eps, "delta": delta, "runs": runs, "val_runs": val_runs,
-           "alpha": alpha, "canary": "dirac-gradient", "seed": seed,
-           "total_runs": len(table), "usable_runs": len(table) - diverged,
-           "diverged_runs": diverged, "seed_check": seed_check,
+    row = {**run_columns(design, {"canary": "dirac-gradient"}, len(table), diverged,
+                         checks.seed_check),
            **(audit_scores(groups[("validation", True)], groups[("validation", False)],
                            groups[("evaluation", True)], groups[("evaluation", False)],
-                           claimed_eps, delta, alpha, profile) if fixed
-              else {"max_runs": runs, **sequential_columns(seq, losses=False)}),
-           **_tight_columns("white-box", method, METHODS[method], claimed_eps,
+                           design.claimed_eps, design.delta, design.alpha, design.profile)
+              if seq is None else {"max_runs": design.runs,
+                                   **sequential_columns(seq, losses=False)}),
+           **_tight_columns("white-box", method, METHODS[method], design.claimed_eps,
                             subjects.canary_relation(user_code.function_of(train_fn))),
            **({"mates": float(mates)} if mates else {})}
     return row, table

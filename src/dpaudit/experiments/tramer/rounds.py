@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from ...trials import Side, run as run_trials
-from .profile import ClaimedProfile
-from .runs import Progress
+from .claim import Design
+from .runs import Batches, run_side
 from .sequential import SIDES, Schedule, sequential_audit
 
 
@@ -25,23 +25,21 @@ def schedule_of(runs: int, budget_s: float = math.inf) -> Schedule:
     return Schedule(first=min(Schedule.first, runs), max_runs=runs, budget_s=budget_s)
 
 
-def evaluation_rounds(side: Callable[[str, bool, int], Side], train_score: Callable,
-                      score: Callable[[pd.DataFrame], np.ndarray], val: pd.DataFrame,
-                      claimed_eps: float, delta: float, alpha: float,
-                      profile: ClaimedProfile | None, schedule: Schedule, batch_runs: int,
-                      progress: Progress | None) -> tuple[dict, pd.DataFrame]:
+def evaluation_rounds(train_score: Callable, score: Callable[[pd.DataFrame], np.ndarray],
+                      val: pd.DataFrame, design: Design,
+                      batches: Batches) -> tuple[dict, pd.DataFrame]:
     """The sequential audit's row and the evaluation runs it trained (the rows of
-    :func:`dpaudit.trials.run`). ``side(split, canary_in, n)``: the first ``n`` runs of a
-    group, their seeds those of the fixed audit; ``train_score``: as for
-    :func:`dpaudit.trials.run`; ``score(runs)``: their scores (higher = with the canary);
+    :func:`dpaudit.trials.run`) of ``design`` (its ``schedule``), on the seeds of the fixed
+    audit's evaluation runs, ``batches.size`` runs per call of ``train_score`` (as for
+    :func:`dpaudit.trials.run`); ``score(runs)``: their scores (higher = with the canary);
     ``val``: the validation runs (``canary_in`` and what ``score`` reads)."""
     frames = []
 
     def more(name: str, start: int, count: int) -> np.ndarray:
-        full = side("evaluation", name == "in", start + count)
+        full = run_side(design.seed, "evaluation", name == "in", start + count)
         part = Side(full.name, list(full.seeds[start:]), full.columns)
         got = run_trials([part], lambda s, at, chunk: train_score(s, start + at, chunk),
-                         batch_runs, progress)
+                         batches.size, batches.progress)
         got["trial"] += start
         frames.append(got)
         return score(got)
@@ -52,11 +50,12 @@ def evaluation_rounds(side: Callable[[str, bool, int], Side], train_score: Calla
         return time.monotonic() if len(frames) >= len(SIDES) else t0
 
     def report(state: dict) -> None:
-        if progress is not None:
-            progress(state["message"])
+        if batches.progress is not None:
+            batches.progress(state["message"])
 
     row = sequential_audit(score(val[val.canary_in]), score(val[~val.canary_in]), more,
-                           claimed_eps, delta, alpha, profile, schedule, report, clock)
+                           design.claimed_eps, design.delta, design.alpha, design.profile,
+                           design.schedule, report, clock)
     return row, pd.concat(frames, ignore_index=True)
 
 

@@ -5,7 +5,8 @@ their seeds."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +22,14 @@ def run_seeds(seed: int, split: str, canary_in: bool, count: int) -> list[int]:
     """Distinct 63-bit seeds of the ``count`` runs of one (split, side) under ``seed``
     (:func:`dpaudit.seeds.int_seeds`, keyed by the split and the side)."""
     return seeds.int_seeds(count, int(seed), f"tramer/{split}/{'in' if canary_in else 'out'}")
+
+
+def run_side(seed: int, split: str, canary_in: bool, count: int) -> trials.Side:
+    """The first ``count`` runs of one (split, side) under ``seed`` as a side of
+    :func:`dpaudit.trials.run`, with their ``split`` and ``canary_in`` columns."""
+    return trials.Side(f"{split} runs {'with' if canary_in else 'without'} canary",
+                       run_seeds(seed, split, canary_in, count),
+                       {"split": split, "canary_in": canary_in})
 
 
 def _with_canary(X: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
@@ -108,6 +117,59 @@ def check_options(seed_check: int, max_diverged: float) -> None:
         raise ValueError(f"seed_check={seed_check}: must be 0 (no check) or >= 2 seeds")
     if not 0 <= max_diverged < 1:
         raise ValueError(f"max_diverged={max_diverged!r}: must be a fraction in [0, 1)")
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What an audit refuses (:class:`Unauditable`, before writing anything) and how long
+    the audited code may take: runs that do not follow their seeds (``seed_check`` seeds
+    re-trained before the runs and as many runs of each side re-checked after them; 0
+    skips both); more than a fraction ``max_diverged`` of runs with a non-finite canary
+    loss or score (diverged: they count as "out", a fixed decision); with the test split
+    and ``refuse_at_chance``, models whose mean test accuracy is no better than always
+    predicting its most frequent class (a user's function that learns nothing is broken;
+    dpaudit's own subjects are not, and at a tiny scale may still learn nothing). Every
+    call of the training function and of its predict may take ``call_limit`` seconds (None:
+    no limit): one that fails or runs past it ends the audit (:class:`UserCodeFailed`,
+    naming the call)."""
+
+    seed_check: int = SEED_CHECK
+    max_diverged: float = 0.0
+    refuse_at_chance: bool = True
+    call_limit: float | None = CALL_LIMIT
+
+    def __post_init__(self):
+        check_options(self.seed_check, self.max_diverged)
+
+    def diverged(self, values, what: str) -> int:
+        """How many runs' ``values`` (their canary ``what``: loss or score) are not finite;
+        refused beyond ``max_diverged`` of them."""
+        diverged = int((~np.isfinite(values)).sum())
+        if diverged > self.max_diverged * len(values):
+            raise Unauditable(f"{diverged} of {len(values)} runs diverged (non-finite canary "
+                              f"{what}); at most max_diverged={self.max_diverged:g} of them "
+                              "may")
+        return diverged
+
+
+@dataclass(frozen=True)
+class Batches:
+    """How an audit's runs are trained and kept: ``size`` runs per call of the training
+    function, progress lines to ``progress``. ``store`` (a folder): each batch is kept
+    there under ``key`` (what the runs depend on: implementation, spec, seed, data, device,
+    trainer; the audit adds the canary label for the runs with the canary and a tight
+    mode's name) and a rerun restores it instead of training (:func:`dpaudit.trials.run`).
+    ``together``: {name: (train_fn, store, key)} of other implementations audited with the
+    same spec; where :func:`dpaudit.subjects.train_columns` can train them beside the
+    audited one (registry subjects), every batch trains them all as the columns of one call
+    and keeps their statistics in their stores under their keys, where their own audit
+    finds them (with the same canary label) instead of training; black-box mode only."""
+
+    size: int = 1000
+    progress: Progress | None = None
+    store: Any = None
+    key: dict | None = None
+    together: dict | None = None
 
 
 def check_seeds(train_fn, X: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], spec: dict,

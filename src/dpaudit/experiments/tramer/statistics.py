@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ... import bounds
-from .claim import ALPHA, mu_claimed, verdict
+from .claim import ALPHA, Design, mu_claimed, verdict
 from .profile import ClaimedProfile, profile_columns
 
 
@@ -24,6 +24,16 @@ def accuracy_columns(test_acc, source: str) -> dict:
     return {"test_acc_mean": float(acc.mean()), "test_acc_min": float(acc.min()),
             "test_acc_max": float(acc.max()), "test_acc_models": int(acc.size),
             "test_acc_source": source}
+
+
+def run_columns(design: Design, canary: dict, total: int, diverged: int,
+                seed_check: int) -> dict:
+    """The audit row's leading columns: the ``design``'s, the ``canary``'s, how many runs
+    were trained, usable (a finite canary score) and diverged, and the seeds checked."""
+    return {"claimed_eps": design.claimed_eps, "delta": design.delta, "runs": design.runs,
+            "val_runs": design.val_runs, "alpha": design.alpha, **canary,
+            "seed": design.seed, "total_runs": total, "usable_runs": total - diverged,
+            "diverged_runs": diverged, "seed_check": seed_check}
 
 
 def audit_counts(ct_pos: int, n_pos: int, ct_neg: int, n_neg: int, claimed_eps: float,
