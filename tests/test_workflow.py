@@ -8,6 +8,7 @@ between releases), with ``--directory`` pointing at a temporary folder.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -349,7 +350,8 @@ def report_views(page: Path, width: int, height: int, profile: Path) -> dict:
 
 @pytest.mark.slow
 class TestTinyRun:
-    """The report and the Jagielski grids, read from one tiny run of the whole DAG."""
+    """The report, the Jagielski grids and the redoing of damaged files, read from one tiny
+    run of the whole DAG."""
 
     @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (.ci/run installs it)")
     def test_report_views_open_on_their_top_and_the_menu_stays_usable(self, tiny_report,
@@ -516,6 +518,49 @@ class TestTinyRun:
         log = (run / "logs/jagielski_train/cifar_lr_mi.log").read_text()
         assert "16 models restored, 16 to train" in log, log
         assert (scores_dir / "cifar_lr_mi/c1_g1_e4.csv").read_bytes() == e4
+
+    def test_the_command_a_damaged_file_names_makes_it_again(self, tiny_run, tmp_path, capsys,
+                                                             monkeypatch):
+        """On a copy of the run, a score table with one value changed: jagielski-audit names
+        `snakemake --forcerun <its group's folder>`, which (with the run's other options)
+        trains the group again from its intact kept blocks, giving the table back byte for
+        byte; a damaged task file names its own path, which reruns its job and those that
+        read it."""
+        from test_integrity_readback import TRAIN_SPEC, _audit, _flip_middle, _run
+
+        run = tmp_path / "run"
+        shutil.copytree(tiny_run.dir, run)  # timestamps kept: nothing out of date
+        options = ["--cores", "2", "--directory", str(run), "--configfile", str(tiny_run.conf)]
+        group = "results/jagielski/scores/fmnist_lr_mi"
+        monkeypatch.chdir(run)  # the workflow's paths are relative to its folder
+        table = Path(group) / "c1_g1_e4.csv"
+        good = table.read_bytes()
+        table.write_bytes(good.replace(b",0.", b",0.1", 1))
+        code, err = _run(_audit(table, "fig2.csv"), capsys)
+        assert code == 2 and "its rows do not match the content hash" in err[-1], err
+        command = re.search(r"redo it: (snakemake --forcerun \S+) \(with the run's other "
+                            r"options\)$", err[-1]).group(1)
+        assert command == f"snakemake --forcerun {group}"
+        redone = snakemake(*command.split()[1:], *options, "--", group)
+        assert redone.returncode == 0, redone.stderr[-3000:]
+        assert table.read_bytes() == good
+        log = Path("logs/jagielski_train/fmnist_lr_mi.log").read_text()
+        assert "16 models restored, 0 to train" in log, log
+        assert _run(_audit(table, "fig2.csv"), capsys)[0] == 0
+
+        task = Path("results/jagielski/task_fmnist.npz")
+        _flip_middle(task)
+        code, err = _run(["jagielski-train", "--task", task, "--dataset", "fmnist", "--arch",
+                          "lr", "--attack", "mi", "--cells", json.dumps([[1.0, "g1", "4"]]),
+                          "--spec", json.dumps(TRAIN_SPEC), "--seed", "0", "--device", "cpu",
+                          "--out-dir", "elsewhere"], capsys)
+        assert code == 2 and err[-1].endswith(
+            f"; redo it: snakemake --forcerun {task} (with the run's other options)"), err
+        dry = snakemake("-n", "--forcerun", str(task), *options, "--", group)
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        assert re.search(r"rule jagielski_task:\n(    .*\n)*    reason: Forced execution",
+                         dry.stdout), dry.stdout
+        assert "rule jagielski_train:" in dry.stdout
 
 
 def _score_outputs(dry_run: str) -> list[str]:
