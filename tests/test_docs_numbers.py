@@ -178,3 +178,151 @@ def test_onerun_quick_numbers_quote_the_kept_runs():
         assert_2dp(clipbkd, row.eps_lb, row.arch)
         assert_2dp(best, row.eps_lb_best_k, row.arch)
     assert (many[many.eps_label.astype(str).isin(["4", "4.0"])].eps_lb == 0).all()
+
+
+# --- one-run audits of DP-SGD (docs/onerun.md): the full config ---
+
+#: docs/onerun.md's row names -> (canary, threat model) of the kept table.
+ONERUN_ROWS = {"black box": ("input", "black-box"),
+               "white box, last iterate": ("dirac", "last-iterate"),
+               "white box, all iterates": ("dirac", "all-iterates")}
+
+
+def _onerun_full() -> pd.DataFrame:
+    runs, meta = read_table(REFERENCE / "onerun_dpsgd.csv")
+    assert meta["command"] == "onerun-audit" and meta["seed"] == 0
+    assert meta["spec"]["repeats"] == 5 and meta["train"]["epochs"] == 24
+    assert len(runs) == 180
+    return runs.assign(label=runs.eps_label.astype(str).str.removesuffix(".0"))
+
+
+def _onerun_runs(runs, arch, name, label) -> pd.DataFrame:
+    canary, threat = ONERUN_ROWS[name]
+    cell = runs[(runs.arch == arch) & (runs.canary == canary) & (runs.threat_model == threat)
+                & (runs.label == label)]
+    assert len(cell) == 5, (arch, name, label)
+    return cell
+
+
+def test_onerun_full_table_quotes_the_kept_runs():
+    """docs/onerun.md's full-config table: eps_th / eps_pld of the gradient canaries, and
+    each cell's mean f-DP bound over the 5 runs (with its min-max where quoted; bold is the
+    column's largest), from reference/onerun_dpsgd.csv."""
+    runs = _onerun_full()
+    rows = doc_table("onerun.md", "eps_th label")
+    labels = rows[0][1:]
+    assert sorted(labels) == sorted(runs.label.unique())
+    dirac = runs[runs.canary == "dirac"].groupby("label")[["eps_th", "eps_pld"]].first()
+    assert rows[1][0] == "eps_th / eps_pld (gradient canaries)"
+    for label, cell in zip(labels, rows[1][1:]):
+        if label == "inf":
+            assert cell == "inf" and dirac.loc[label].isin([float("inf")]).all()
+            continue
+        th, pld = map(float, cell.split(" / "))
+        assert_2dp(th, dirac.eps_th[label], label)
+        assert_2dp(pld, dirac.eps_pld[label], label)
+    cells = rows[2:]
+    assert len(cells) == 2 * len(ONERUN_ROWS)
+    for row in cells:
+        arch, name = row[0].split(", ", 1)
+        for label, cell in zip(labels, row[1:]):
+            fdp = _onerun_runs(runs, arch.lower(), name, label).eps_lb_fdp
+            where = (row[0], label)
+            assert_2dp(first_number(cell), fdp.mean(), where)
+            spread = re.search(rf"\(({NUMBER})-({NUMBER})\)", cell)
+            if spread:
+                assert_2dp(float(spread.group(1)), fdp.min(), where)
+                assert_2dp(float(spread.group(2)), fdp.max(), where)
+            if "**" in cell:
+                column = [first_number(r[1 + labels.index(label)]) for r in cells]
+                assert first_number(cell) == max(column), where
+
+
+def test_onerun_full_paragraphs_quote_the_kept_runs():
+    """The numbers under docs/onerun.md's full-config table (Steinke et al.'s bound, the
+    GDP estimate, the counts, the ratios to eps_th) and the input canaries' line above it,
+    from reference/onerun_dpsgd.csv; the perfect attack's bound is computed."""
+    from dpaudit.bounds.fdp import eps_lb_one_run_fdp
+
+    runs = _onerun_full()
+    page = " ".join((DOCS / "onerun.md").read_text().split())
+    text = page.split("Which input canary:", 1)[1].split("## Cost", 1)[0]
+
+    def mean(arch, name, label, column="eps_lb_fdp"):
+        return _onerun_runs(runs, arch, name, label)[column].mean()
+
+    def quoted(pattern):
+        found = re.search(pattern, text)
+        assert found, pattern
+        return list(map(float, found.groups()))
+
+    cells = runs.groupby(["arch", "canary", "threat_model", "label"])
+    within, *lb = quoted(rf"`eps_lb` on the same guesses is within ({NUMBER}) of `eps_lb_fdp` "
+                         rf"in every cell \(FNN all iterates: ({NUMBER}) at 8, ({NUMBER}) at "
+                         rf"16, ({NUMBER}) at inf; LR all iterates ({NUMBER}) at 8\)")
+    assert (cells.eps_lb.mean() - cells.eps_lb_fdp.mean()).abs().max() <= within
+    all_iterates = "white box, all iterates"
+    for got, (arch, label) in zip(lb, [("fnn", "8"), ("fnn", "16"), ("fnn", "inf"),
+                                        ("lr", "8")]):
+        assert_2dp(got, mean(arch, all_iterates, label, "eps_lb"), (arch, label))
+    positive, rows = quoted(r"both are positive in (\d+) of the (\d+) rows")
+    assert rows == len(runs)
+    assert (runs.eps_lb > 0).sum() == (runs.eps_lb_fdp > 0).sum() == positive
+    gdp = quoted(rf"`eps_gdp` is higher still \(FNN all iterates: ({NUMBER}) at 8, "
+                 rf"({NUMBER}) at 16, ({NUMBER}) at inf\) and certifies nothing")
+    for got, label in zip(gdp, ["8", "16", "inf"]):
+        assert_2dp(got, mean("fnn", all_iterates, label, "eps_gdp"), label)
+    black = runs[runs.canary == "input"].groupby(["arch", "label"]).eps_lb_fdp.mean()
+    assert_2dp(*quoted(rf"loss \(({NUMBER}) at most on average\)"), black.max(), "black box")
+    gains = quoted(rf"\(FNN: ({NUMBER}) against ({NUMBER}) at eps_th = 8, ({NUMBER}) against "
+                   rf"({NUMBER}) at 16\)")
+    for got, name, label in zip(gains, [all_iterates, "white box, last iterate"] * 2,
+                                ["8", "8", "16", "16"]):
+        assert_2dp(got, mean("fnn", name, label), (name, label))
+    th_8, th_16, pld_8 = quoted(rf"best one-run bound is ({NUMBER}) of eps_th at 8 and "
+                                rf"({NUMBER}) at 16 \(({NUMBER}) of eps_pld at 8\)")
+    eps = runs[runs.canary == "dirac"].groupby("label")[["eps_th", "eps_pld"]].first()
+    assert_2dp(th_8, mean("fnn", all_iterates, "8") / eps.eps_th["8"], "8")
+    assert_2dp(th_16, mean("fnn", all_iterates, "16") / eps.eps_th["16"], "16")
+    assert_2dp(pld_8, mean("fnn", all_iterates, "8") / eps.eps_pld["8"], "pld 8")
+    assert "all right at k = 292 (584 guesses) in 4 of the 5 runs and 999 of 1000 at k = 500 " \
+           "in the fifth" in text
+    for threat in ("all-iterates", "last-iterate"):
+        cell = _onerun_runs(runs, "fnn", f"white box, {threat.replace('-', ' ')}", "inf")
+        assert sorted(zip(cell.best_k, cell.r, cell.v)) == [(292, 584, 584)] * 4 + [
+            (500, 1000, 999)], threat
+    bound, low, high, perfect = quoted(rf"bound, ({NUMBER}) \(({NUMBER})-({NUMBER})\), is "
+                                       rf"about the most .* on 1000 guesses: ({NUMBER})\)")
+    fdp = _onerun_runs(runs, "fnn", all_iterates, "inf").eps_lb_fdp
+    for got, value in zip([bound, low, high], [fdp.mean(), fdp.min(), fdp.max()]):
+        assert_2dp(got, value, "inf")
+    spec = runs.iloc[0]
+    assert_2dp(perfect, eps_lb_one_run_fdp(1000, 1000, 1000, spec.delta, spec.beta / 10),
+               "perfect")
+    assert_2dp(*quoted(rf"LR is harder to audit white box\*\* \(({NUMBER}) at inf\)"),
+               mean("lr", all_iterates, "inf"), "LR inf")
+    many = quoted(rf"black-box audit of the 2-layer net certifies from half to two thirds of "
+                  rf"that \(({NUMBER}), ({NUMBER}) and ({NUMBER})\)")
+    for got, label in zip(many, ["8", "16", "inf"]):
+        assert_2dp(got, mean("fnn", "black box", label), label)
+    pca = quoted(rf"`pca` certifies a small positive bound \(up to ({NUMBER})\) in (\d+) of "
+                 rf"its (\d+) runs")
+    inputs = runs[runs.canary == "input"].eps_lb_fdp
+    assert_2dp(pca[0], inputs.max(), "pca")
+    assert pca[1:] == [(inputs > 0).sum(), len(inputs)]
+
+
+def test_readme_quotes_the_kept_onerun_runs():
+    """The README's one-run row: the 2-layer net's mean white-box all-iterates bound at
+    eps_th labels 8, 16 and inf, and the largest black-box mean, from
+    reference/onerun_dpsgd.csv."""
+    runs = _onerun_full()
+    found = re.search(rf"\| ({NUMBER}) / ({NUMBER}) / ({NUMBER}) \(black box: mean at most "
+                      rf"({NUMBER})\) \|", (ROOT / "README.md").read_text())
+    assert found, "README.md: the one-run row"
+    *best, most = map(float, found.groups())
+    for got, label in zip(best, ["8", "16", "inf"]):
+        cell = _onerun_runs(runs, "fnn", "white box, all iterates", label)
+        assert_2dp(got, cell.eps_lb_fdp.mean(), label)
+    black = runs[runs.canary == "input"].groupby(["arch", "label"]).eps_lb_fdp.mean()
+    assert_2dp(most, black.max(), "black box")
