@@ -224,8 +224,8 @@ class _Rows(torch.utils.data.TensorDataset):
     TensorDataset's batch, without a Python call and a stack per row."""
 
     def __getitems__(self, rows: list[int]) -> list[torch.Tensor]:
-        rows = torch.as_tensor(rows, dtype=torch.long)
-        return [t.index_select(0, rows) for t in self.tensors]
+        return [t.index_select(0, torch.as_tensor(rows, dtype=torch.long, device=t.device))
+                for t in self.tensors]
 
 
 class OpacusTrainer:
