@@ -386,7 +386,7 @@ def test_the_audit_accepts_the_adapter_in_every_mode(mode, poisson):
 
 def test_example_script_prints_one_verdict_line_per_audit(cases, tmp_path, monkeypatch):
     """examples/opacus/audit.py's audit line, and a failed audit's, on the tiny task in
-    place of Fashion-MNIST (its --quick run takes minutes: docs/audit_your_implementation.md)."""
+    place of Fashion-MNIST (its --quick run: docs/audit_your_implementation.md)."""
     import audit as example
 
     X, y = _data()
@@ -455,12 +455,12 @@ def test_example_script_runs_the_audits_named_by_only_and_checks_jobs(cases, tmp
 @pytest.mark.slow
 def test_example_script_runs_every_audit_in_its_own_processes(tmp_path):
     """`python examples/opacus/audit.py` as a user runs it: its five audits, two at a time
-    in spawned processes (--jobs 2), on Fashion-MNIST files in the real format (random
-    images, class 1 the brighter, 2,200 of classes 0/1: the half the audit draws holds
-    its 500 rows and the 500 the worst-case init is pretrained on), at the
-    fewest runs alpha 0.05 allows (12 + 4 per side; the --quick run takes minutes:
-    docs/audit_your_implementation.md). One verdict line per audit, in the script's
-    order, and each audit's table."""
+    in processes forked from the script (--jobs 2), each with its own worker process, on
+    Fashion-MNIST files in the real format (random images, class 1 the brighter, 2,200 of
+    classes 0/1: the half the audit draws holds its 500 rows and the 500 the worst-case
+    init is pretrained on), at the fewest runs alpha 0.05 allows (12 + 4 per side; the
+    --quick run: docs/audit_your_implementation.md). One verdict line per audit, in the
+    script's order, and each audit's table."""
     import subprocess
     import sys
     from pathlib import Path

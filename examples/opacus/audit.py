@@ -129,10 +129,14 @@ def main_(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     args = [(name, mode, runs, val_runs, a.out, a.data_root, a.seed, alpha, a.quick)
             for name, mode in todo]
-    # Side by side in spawned processes, not forked: a forked torch may hang in its thread
-    # pool. The lines in the order of the audits, each once it and those before it are done.
+    # Side by side in processes forked from this one on Linux: they inherit its imports of
+    # torch, Opacus and cases.py, Opacus' noise multiplier with them, where spawned ones
+    # would import and compute them again. Safe to fork: this process has run no torch
+    # op, so there is no thread pool to inherit. Spawned elsewhere (macOS' fork is unsafe).
+    # The lines in the order of the audits, each once it and those before it are done.
+    start = "fork" if sys.platform.startswith("linux") else "spawn"
     pool = (None if a.jobs == 1 or len(todo) == 1 else
-            ProcessPoolExecutor(min(a.jobs, len(todo)), multiprocessing.get_context("spawn"),
+            ProcessPoolExecutor(min(a.jobs, len(todo)), multiprocessing.get_context(start),
                                 initializer=torch.set_num_threads, initargs=(1,)))
     with pool or contextlib.nullcontext():
         for line in (pool.map if pool else map)(audit, *zip(*args)):

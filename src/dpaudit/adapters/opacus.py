@@ -236,6 +236,16 @@ class Target:
                 raise ValueError(f"Target({name}={v!r}): must be a number > 0")
 
 
+class _Rows(torch.utils.data.TensorDataset):
+    """A TensorDataset whose batch is fetched by one indexing per tensor (torch's
+    ``__getitems__``), already whole (so the loader's collate_fn passes it on): a
+    TensorDataset's batch, without a Python call and a stack per row."""
+
+    def __getitems__(self, rows: list[int]) -> list[torch.Tensor]:
+        return [t.index_select(0, torch.as_tensor(rows, dtype=torch.long, device=t.device))
+                for t in self.tensors]
+
+
 class OpacusTrainer:
     """dpaudit's reconstruction of an Opacus ``make_private`` training (its own loop, its
     own accounting; a user's loop: :class:`.opacus_loop.OpacusLoop`), as a training
@@ -366,11 +376,14 @@ class OpacusTrainer:
 
     def _loader(self, X: torch.Tensor, y: torch.Tensor):
         """Opacus' Poisson DPDataLoader at rate q, or a user's shuffled DataLoader; both
-        draw from torch's global generator, as make_private leaves them."""
-        data = torch.utils.data.TensorDataset(X, y)
+        draw from torch's global generator, as make_private leaves them. Each batch's rows
+        are taken at once (:class:`_Rows`): the batches of a TensorDataset, row for row."""
+        data, whole = _Rows(X, y), lambda batch: batch
         if self.poisson_sampling:
-            return require_opacus().data_loader.DPDataLoader(data, sample_rate=self.q)
-        return torch.utils.data.DataLoader(data, batch_size=self.batch_size, shuffle=True)
+            return require_opacus().data_loader.DPDataLoader(data, sample_rate=self.q,
+                                                             collate_fn=whole)
+        return torch.utils.data.DataLoader(data, batch_size=self.batch_size, shuffle=True,
+                                           collate_fn=whole)
 
     @property
     def canary_relation(self) -> str:
