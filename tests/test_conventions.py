@@ -316,3 +316,25 @@ def test_functions_stay_short_with_few_parameters():
     assert not grown, f"over {LONGEST} lines or {MOST_PARAMETERS} parameters: {grown}"
     within = sorted(set(OVER_LIMITS) - set(over))
     assert not within, f"within the limits now (or gone): drop them from OVER_LIMITS: {within}"
+
+
+def test_every_subcommand_module_and_rule_file_is_registered():
+    """What a newcomer adds for a new step (docs/contributing.md) and forgets to
+    register fails here, naming the line to add: a module of ``dpaudit.cli`` with a
+    ``register`` function is in ``cli.COMMANDS``, a rule file is included by the
+    Snakefile."""
+    import importlib
+    import pkgutil
+
+    from dpaudit import cli
+
+    modules = {importlib.import_module(f"dpaudit.cli.{m.name}")
+               for m in pkgutil.iter_modules(cli.__path__)}
+    commands = {m.__name__ for m in modules if hasattr(m, "register")}
+    missing = sorted(commands - {m.__name__ for m in cli.COMMANDS})
+    assert not missing, f"add {missing} to dpaudit.cli.COMMANDS (src/dpaudit/cli/__init__.py)"
+    included = set(re.findall(r'^include: "(workflow/rules/[^"]+)"$',
+                              (ROOT / "Snakefile").read_text(), re.M))
+    rules = {f"workflow/rules/{p.name}" for p in (ROOT / "workflow" / "rules").glob("*.smk")}
+    assert rules - included == set(), f"include them in the Snakefile: {sorted(rules - included)}"
+    assert included - rules == set(), sorted(included - rules)
