@@ -68,8 +68,14 @@ def _sigma_for_eps2(q: float, steps: int) -> float:
 def wrong_rate(X, y, seed):
     """Sigma calibrated to eps 2 for the sample rate of ten times the data (q / 10), the
     target reported: the rate's n taken from a config, not the data."""
+    return _calibrated_to_eps2(X, y, seed, rate_divisor=10)
+
+
+def _calibrated_to_eps2(X, y, seed, rate_divisor: int):
+    """A training at RDP's sigma for eps 2 at the training's sample rate over
+    ``rate_divisor`` (its steps as they are), reporting the target, eps 2."""
     q = 1 / ((len(X) + B - 1) // B)
-    sigma = _sigma_for_eps2(q / 10, EPOCHS * int(1 / q))
+    sigma = _sigma_for_eps2(q / rate_divisor, EPOCHS * int(1 / q))
     engine, model, opt, dl = _setup(X, y, seed, noise_multiplier=sigma)
     for _ in range(EPOCHS):
         _epoch(model, opt, dl)
@@ -186,12 +192,7 @@ def fixed_rate(X, y, seed):
 def right_rate(X, y, seed):
     """The fix of :func:`wrong_rate`: sigma calibrated to eps 2 at the sample rate and steps
     the training runs, the target reported."""
-    q = 1 / ((len(X) + B - 1) // B)
-    sigma = _sigma_for_eps2(q, EPOCHS * int(1 / q))
-    engine, model, opt, dl = _setup(X, y, seed, noise_multiplier=sigma)
-    for _ in range(EPOCHS):
-        _epoch(model, opt, dl)
-    return model, 2.0
+    return _calibrated_to_eps2(X, y, seed, rate_divisor=1)
 
 
 def all_epochs(X, y, seed):
