@@ -301,10 +301,17 @@ def test_onerun_full_paragraphs_quote_the_kept_runs():
                "perfect")
     assert_2dp(*quoted(rf"LR is harder to audit white box\*\* \(({NUMBER}) at inf\)"),
                mean("lr", all_iterates, "inf"), "LR inf")
-    many = quoted(rf"black-box audit of the 2-layer net certifies from half to two thirds of "
-                  rf"that \(({NUMBER}), ({NUMBER}) and ({NUMBER})\)")
+    paper = quoted(rf"gives ClipBKD ({NUMBER}), ({NUMBER}) and ({NUMBER}) at eps_th = 8, 16 "
+                   rf"and inf")
+    low, high, *many = quoted(rf"black-box audit of the 2-layer net certifies ({NUMBER}) to "
+                              rf"({NUMBER}) times\s+that \(({NUMBER}), ({NUMBER}) and "
+                              rf"({NUMBER})\)")
     for got, label in zip(many, ["8", "16", "inf"]):
         assert_2dp(got, mean("fnn", "black box", label), label)
+    ratios = [mean("fnn", "black box", label) / float(p)
+              for label, p in zip(["8", "16", "inf"], paper)]
+    assert_2dp(low, min(ratios), "ratio to the paper, lowest")
+    assert_2dp(high, max(ratios), "ratio to the paper, highest")
     pca = quoted(rf"`pca` certifies a small positive bound \(up to ({NUMBER})\) in (\d+) of "
                  rf"its (\d+) runs")
     inputs = runs[runs.canary == "input"].eps_lb_fdp

@@ -278,10 +278,35 @@ def test_whitebox_inserts_at_the_rate_with_noise_and_pairs_the_draws():
     (dict(accountant="pld"), r"accountant='pld'\): must be one of \('prv', 'rdp', 'gdp'\)"),
     (dict(target=Target(1.0, 1e-5)), "give exactly one of noise_multiplier and target"),
     (dict(epochs=1.5), r"epochs=1.5\): must be a whole number >= 1"),
+    (dict(noise_multiplier=None, target=(1.0, 1e-5)), r"target=\(1.0, 1e-05\)\): must be a "
+                                                       r"Target\(epsilon, delta\)"),
 ])
 def test_bad_arguments_are_named(kw, message):
     with pytest.raises(ValueError, match=message):
         _trainer(**kw)
+
+
+@pytest.mark.parametrize("poisson", [True, False])
+def test_the_loaders_batches_are_a_tensor_datasets_bit_for_bit(poisson):
+    """Each batch's rows fetched at once (``_Rows``): the same batches, as the loader over
+    a plain TensorDataset from the same generator state."""
+    X, y = _data()
+    train = _trainer(poisson_sampling=poisson)
+    plain = torch.utils.data.TensorDataset(X, y)
+    if poisson:
+        from opacus.data_loader import DPDataLoader
+
+        reference = DPDataLoader(plain, sample_rate=train.q)
+    else:
+        reference = torch.utils.data.DataLoader(plain, batch_size=B, shuffle=True)
+    batches = {}
+    for name, loader in (("rows", train._loader(X, y)), ("plain", reference)):
+        torch.manual_seed(5)
+        batches[name] = [b for _ in range(3) for b in loader]
+    assert len(batches["rows"]) == len(batches["plain"]) > 0
+    for (xr, yr), (xp, yp) in zip(batches["rows"], batches["plain"]):
+        assert xr.dtype == xp.dtype and yr.dtype == yp.dtype
+        assert torch.equal(xr, xp) and torch.equal(yr, yp)
 
 
 def test_target_epsilon_gives_opacus_sigma_and_claim():

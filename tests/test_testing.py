@@ -68,6 +68,9 @@ def test_bad_arguments_are_refused_before_training():
         assert_private("fixed", 1.0, 1e-5, SPEC, runs=5)
     with pytest.raises(ValueError, match="X, y: give both"):
         assert_private("fixed", 1.0, 1e-5, SPEC, X=np.zeros((4, 2)), runs=100)
+    with pytest.raises(ValueError, match=r"options=\{'val_runs': 5\}\): must be a "
+                                         r"dpaudit.testing.Options"):
+        assert_private("fixed", 1.0, 1e-5, SPEC, options={"val_runs": 5})
 
 
 def test_the_example_test_file_passes():

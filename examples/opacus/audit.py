@@ -119,22 +119,25 @@ def main_(argv=None) -> int:
         p.error(f"--only {a.only}: each must be one of {[f'{n}:{m}' for n, m in AUDITS]}")
     if a.jobs < 1:
         p.error(f"--jobs {a.jobs}: must be at least 1")
+    # One thread per audit: tiny models, and two threads on a busy 2-core machine made each
+    # Opacus step about 16 times slower (measured). Set before cases.py is imported, so
+    # that whatever it runs at import starts no thread pool the forked audits would inherit.
+    torch.set_num_threads(1)
     try:
         import cases  # noqa: F401  (Opacus is needed from here on: one line if it is missing)
     except ImportError as exc:
         p.error(str(exc))
-    # One thread per audit: tiny models, and two threads on a busy 2-core machine made each
-    # Opacus step about 16 times slower (measured).
-    torch.set_num_threads(1)
     a.out.mkdir(parents=True, exist_ok=True)
     args = [(name, mode, runs, val_runs, a.out, a.data_root, a.seed, alpha, a.quick)
             for name, mode in todo]
     # Side by side in processes forked from this one on Linux: they inherit its imports of
     # torch, Opacus and cases.py, Opacus' noise multiplier with them, where spawned ones
-    # would import and compute them again. Safe to fork: this process has run no torch
-    # op, so there is no thread pool to inherit. Spawned elsewhere (macOS' fork is unsafe).
-    # The lines in the order of the audits, each once it and those before it are done.
-    start = "fork" if sys.platform.startswith("linux") else "spawn"
+    # would import and compute them again. Forking is safe while torch has one thread and
+    # no CUDA context (a forked child cannot use its parent's); spawned otherwise, and
+    # elsewhere (macOS' fork is unsafe). The lines in the order of the audits, each once it
+    # and those before it are done.
+    start = ("fork" if sys.platform.startswith("linux") and not torch.cuda.is_initialized()
+             else "spawn")
     pool = (None if a.jobs == 1 or len(todo) == 1 else
             ProcessPoolExecutor(min(a.jobs, len(todo)), multiprocessing.get_context(start),
                                 initializer=torch.set_num_threads, initargs=(1,)))

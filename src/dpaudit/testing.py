@@ -129,6 +129,9 @@ def assert_private(train, eps: float, delta: float, spec: dict, X=None, y=None,
     is not a proof. A function the audit cannot audit (breaks the contract, ignores its
     seeds, diverges) raises :class:`dpaudit.user_code.Unauditable`, not a pass.
     """
+    if not isinstance(options, Options):
+        raise ValueError(f"assert_private(options={options!r}): must be a "
+                         "dpaudit.testing.Options(...)")
     fn, target, own = _target(train)
     need = tramer.min_runs(eps, delta, alpha)
     if runs < need:

@@ -300,6 +300,9 @@ class OpacusTrainer:
         if (noise_multiplier is None) == (target is None):
             raise ValueError("OpacusTrainer: give exactly one of noise_multiplier and "
                              "target (a Target: epsilon and delta)")
+        if target is not None and not isinstance(target, Target):
+            raise ValueError(f"OpacusTrainer(target={target!r}): must be a Target(epsilon, "
+                             "delta) (dpaudit.adapters.opacus.Target)")
         self.model_fn, self.optimizer_fn = model_fn, optimizer_fn
         self.max_grad_norm, self.batch_size, self.epochs, self.n = \
             float(max_grad_norm), batch_size, epochs, n
