@@ -254,16 +254,16 @@ def draw(kind: str, key: torch.Tensor, stream: int, steps, count: int, param: fl
         raise ValueError(f"philox.draw: steps must lie in [0, 2^32) (the counter's 32-bit "
                          f"step word); got {steps!r}")
     c2 = torch.full((1, 1, 1), stream, dtype=torch.int64, device=dev)
-    # contiguous copies: the layout the compiled kernels were checked on (a strided column
-    # would compile them again on the first draw); a copy for every K, so that the
-    # operations of a draw do not depend on the runs
-    k0, k1 = (key[:, i].clone(memory_format=torch.contiguous_format).view(-1, 1, 1)
-              for i in (0, 1))
     per_value = 2 if kind == "sort_keys" else 1
     blocks = -(-count * per_value // 4)
     if not fused and dev.type == "cpu" and blocks >= CPU_BULK_BLOCKS:
         out = _cpu_bulk(key, c1.view(-1).tolist(), stream, blocks, kind == "normal")
     else:
+        # contiguous copies: the layout the compiled kernels were checked on (a strided
+        # column would compile them again on the first draw); a copy for every K, so that
+        # the operations of a draw do not depend on the runs
+        k0, k1 = (key[:, i].clone(memory_format=torch.contiguous_format).view(-1, 1, 1)
+                  for i in (0, 1))
         fn = _normals if kind == "normal" else _words
         out = (_fused(fn) if fused else fn)(k0, k1, c1, c2, blocks)
     if kind == "bernoulli":  # exact: a float64 times a power of two, then floor
