@@ -44,10 +44,10 @@ def main() -> None:
             torch.randn(n, generator=gens[k], out=out[k])
 
     calls = {"normals, torch operations": path(False, "normal"),
-             "normals, bulk (randomgen words)": path(True, "normal"),
+             "normals, bulk (compiled)": path(True, "normal"),
              "normals, torch.randn per run (before)": mersenne,
              "words, torch operations": path(False, "words"),
-             "words, bulk (randomgen)": path(True, "words")}
+             "words, bulk (compiled)": path(True, "words")}
     best = dict.fromkeys(calls, float("inf"))
     for _ in range(args.repeats):
         for name, call in calls.items():

@@ -62,7 +62,7 @@ def _grr_counts(rng, eps, n, audits):
 
 def test_katz_coverage_with_many_trials():
     """Asymptotic: with 1000 trials per side and counts far from 0, it exceeds the truth
-    about as often as alpha allows (benchmarks/coverage.py measures small counts too)."""
+    about as often as alpha allows (benchmarks/bound_coverage.py measures small counts too)."""
     rng = np.random.default_rng(0)
     audits, alpha = 4000, 0.05
     for eps in (1.0, 2.0):

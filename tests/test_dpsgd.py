@@ -397,6 +397,30 @@ def test_canaries_enter_the_update_as_clipped_sum_terms(kind, noise_std):
     assert torch.equal(D.flatten(run.params)[2], D.flatten(base)[2])  # nothing included
 
 
+def test_dirac_canaries_read_and_move_their_coordinates_in_place():
+    """A Dirac canary's coordinates read from, and moved in, the layer tensors themselves
+    (the trainer's first layer a transposed view): the same values as the flattened copy,
+    and the same bits as a sub_ of a (K, P) tensor zero but at them (repeated coordinates
+    summed), the other weights untouched."""
+    from dpaudit.dpsgd.gradient_canaries import _Coordinates
+
+    model = D.ModelSpec("fnn", 5, hidden=3)
+    g = torch.Generator().manual_seed(0)
+    K = 4
+    W0 = torch.randn(K, 3, 5, generator=g).transpose(1, 2)  # strided, as the trainer's
+    params = D.Params([W0, torch.randn(K, 3, 2, generator=g)],
+                      [torch.randn(K, 3, generator=g), torch.randn(K, 2, generator=g)])
+    assert not W0.is_contiguous() and D.flatten(params).shape == (K, model.n_params)
+    coords = torch.tensor([14, 0, 16, 20, 25, 14])  # W_0's last, first; b_0; W_1; b_1; again
+    at = _Coordinates(coords, params)
+    flat = D.flatten(params)
+    assert torch.equal(at.read(params), flat[:, coords].double())
+    values = torch.randn(K, len(coords), generator=g)
+    want = flat.clone().sub_(torch.zeros_like(flat).index_add_(1, coords, values), alpha=0.37)
+    at.sub(params, values, 0.37)
+    assert torch.equal(D.flatten(params), want)
+
+
 def test_canary_equals_an_extra_clipped_example():
     """A canary equal to an extra example's clipped gradient at theta_0 moves one full-batch
     step exactly as that example does (same divisor: lr scaled by n / (n + 1))."""

@@ -1,15 +1,19 @@
 """The counter-based generator (dpaudit.dpsgd.philox) against Random123's known answers and an
-independent Philox-4x32-10 (randomgen), and its distributions by distribution tests."""
+independent Philox-4x32-10 (randomgen), its CPU normals against an exact transform and
+torch's own kernels, and its distributions by distribution tests."""
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
+from dpaudit import dpsgd
 from dpaudit.dpsgd import philox
 
 # Random123's kat_vectors for philox4x32 10: counter (4 words), key (2 words) -> output.
@@ -32,8 +36,7 @@ def test_words_equal_randomgens_philox(seed, bulk, monkeypatch):
     """Value i of (seed, stream, step) is word i % 4 of block (i // 4, step, stream, 0)
     under key (low, high 32 bits of the seed): randomgen's Philox(number=4, width=32),
     which increments its counter before each block, from counter (block - 1). Both CPU
-    paths: the torch operations' and the bulk draw's (randomgen's generator, its state set
-    per run and step)."""
+    paths: the torch operations' and the bulk draw's (the compiled kernels)."""
     randomgen = pytest.importorskip("randomgen")
     monkeypatch.setattr(philox, "CPU_BULK_BLOCKS", 0 if bulk else 2 ** 40)
     for stream, step in ((philox.NOISE, 0), (philox.BATCH, 12345), (philox.CANARY, 2 ** 32 - 1),
@@ -52,28 +55,36 @@ def test_the_bulk_cpu_draw_gives_random123s_known_answer(monkeypatch):
     assert got.tolist() == list(KAT[0][2])
 
 
-def test_the_cpu_draws_are_the_same_bits_from_randomgen_and_from_torch(monkeypatch):
-    """Every kind, from the bulk path (randomgen's C words) and from the torch operations:
-    the same bits, normals included (the same float64 kernels on contiguous temporaries);
-    several runs and steps, odd sizes, edge steps and keys, and the size rule's threshold."""
+def test_the_cpu_draws_are_the_same_bits_from_the_compiled_kernels_and_from_torch(monkeypatch):
+    """Every kind, from the bulk path (the compiled kernels) and from the torch operations:
+    the same bits, normals included (the same float64 operations in the same order); several
+    runs and steps, odd sizes, edge steps and keys, one thread and three, and the size
+    rule's threshold."""
     seeds = [0, 1, 2 ** 32 - 1, 2 ** 32, 2 ** 64 - 1, 0x9E3779B97F4A7C15]
     key = philox.keys(seeds, "cpu")
     cases = [(philox.NOISE, 0, 1), (philox.NOISE, 2 ** 32 - 1, 4 * 257 - 3),
              (philox.INIT, 0, 4 * 300 + 2), (philox.CANARY, torch.tensor([0, 1, 2 ** 32 - 1]), 777),
              (philox.PERMUTATION, 5, 2 * 4 * 256 + 1), (philox.BATCH, torch.tensor([9]), 10 ** 4 + 1)]
+    threads = torch.get_num_threads()
     for stream, steps, count in cases:
         for kind in philox.KINDS:
             got = {}
-            for bulk in (False, True):
+            for bulk, n_threads in ((False, 1), (True, 1), (True, 3)):
                 monkeypatch.setattr(philox, "CPU_BULK_BLOCKS", 0 if bulk else 2 ** 40)
-                got[bulk] = philox.draw(kind, key, stream, steps, count, 0.3)
-            assert got[True].dtype == got[False].dtype and got[True].shape == got[False].shape
-            assert torch.equal(got[True], got[False]), (kind, stream, steps, count)
-    # the size rule: below CPU_BULK_BLOCKS blocks the torch operations, from it on
-    # randomgen, the same bits on both sides of it (and many normals: 1.6 M)
+                torch.set_num_threads(n_threads)
+                try:
+                    got[bulk, n_threads] = philox.draw(kind, key, stream, steps, count, 0.3)
+                finally:
+                    torch.set_num_threads(threads)
+            want = got[False, 1]
+            for other in ((True, 1), (True, 3)):
+                assert got[other].dtype == want.dtype and got[other].shape == want.shape
+                assert torch.equal(got[other], want), (kind, stream, steps, count, other)
+    # the size rule: below CPU_BULK_BLOCKS blocks the torch operations, from it on the
+    # kernels, the same bits on both sides of it (and many normals: 1.6 M)
     monkeypatch.undo()
     bulk, real = [], philox._cpu_bulk
-    monkeypatch.setattr(philox, "_cpu_bulk", lambda *a: bulk.append(a[3]) or real(*a))
+    monkeypatch.setattr(philox, "_cpu_bulk", lambda *a: bulk.append(a[4]) or real(*a))
     n = 4 * philox.CPU_BULK_BLOCKS
     small, large = (philox.draw("normal", philox.keys(range(64), "cpu"), philox.NOISE, 3, c)
                     for c in (n - 4, 25186))
@@ -83,6 +94,99 @@ def test_the_cpu_draws_are_the_same_bits_from_randomgen_and_from_torch(monkeypat
     assert torch.equal(large, philox.draw("normal", philox.keys(range(64), "cpu"),
                                           philox.NOISE, 3, 25186))
     assert bulk == [-(-25186 // 4)]  # the small draw was the torch operations'
+
+
+def test_without_numba_the_cpu_draws_the_same_bits_with_a_warning(monkeypatch):
+    """A machine without numba (or where it fails to import) draws with the torch
+    operations, says so once, and gets the same words and normals."""
+    key = philox.keys([5, 2 ** 40], "cpu")
+    want = [philox.draw(kind, key, philox.NOISE, 2, 4 * 300) for kind in ("words", "normal")]
+    monkeypatch.setattr(philox, "_KERNELS", False)
+    monkeypatch.setitem(sys.modules, "dpaudit.dpsgd.cpu_draws", None)  # import fails
+    monkeypatch.delattr(dpsgd, "cpu_draws", raising=False)
+    with pytest.warns(UserWarning, match="compiled draws are not used"):
+        got = [philox.draw(kind, key, philox.NOISE, 2, 4 * 300) for kind in ("words", "normal")]
+    assert philox._KERNELS is None
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_the_draws_threads_are_kept_and_a_forked_child_makes_its_own(monkeypatch):
+    """The bulk draw's threads are kept between draws (one pool per process and size); a
+    forked child, which has none of its parent's threads, must not hand its draws to the
+    parent's pool (it would wait forever): a new process id gets a pool of its own, and
+    leaves the parent's alone. (A real fork here would inherit other tests' OpenMP
+    threads, a hazard of its own.)"""
+    monkeypatch.setattr(philox, "_POOL", {})
+    pool = philox._pool(2)
+    assert philox._pool(2) is pool
+    parent = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: parent + 1)
+    child = philox._pool(2)
+    assert child is not pool and child.submit(lambda: 7).result(timeout=30) == 7
+    assert pool.submit(lambda: 8).result(timeout=30) == 8  # not shut down by the child
+    assert philox._pool(3) is not child and list(philox._POOL) == [(parent + 1, 3)]
+    with pytest.raises(RuntimeError, match="shutdown"):  # this process's old size: let go
+        child.submit(lambda: 9)
+    for p in (pool, *philox._POOL.values()):
+        p.shutdown()
+
+
+def _exact_normals(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """sqrt(-2 ln((a + 1) 2^-32)) (cos, sin)(2 pi b 2^-32) in long double (64-bit
+    mantissa on x86-64), the angle reduced in integers as the transform does, so that the
+    values near the cosine's and sine's zeros keep their relative precision: (n, 2)."""
+    L = np.longdouble
+    r = np.sqrt(-2 * np.log((a.astype(L) + 1) / L(2 ** 32)))
+    q = (b + 2 ** 29) >> 30
+    x = (b - (q << 30)).astype(L) * (L("6.283185307179586476925286766559005768") / L(2 ** 32))
+    c, s = np.cos(x), np.sin(x)
+    cos = np.select([q % 4 == 0, q % 4 == 1, q % 4 == 2], [c, -s, -c], s)
+    sin = np.select([q % 4 == 0, q % 4 == 1, q % 4 == 2], [s, c, -s], -c)
+    return np.stack([r * cos, r * sin], 1)
+
+
+def test_the_cpus_normals_are_the_exact_transform_rounded_to_float32():
+    """box_muller_fdlibm against the transform in long double: the float32 rounding of the
+    exact value, but where that value lies within 2^-40 (relative) of a float32 rounding
+    boundary; on 2 M random word pairs and on the edges (u = 2^-32 and 1, the radius's
+    sqrt(2) boundaries, the quarter and eighth turns and their neighbours)."""
+    rng = np.random.default_rng(0)
+    edges_a = [0, 1, 2, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 2, 2 ** 32 - 1]
+    edges_a += [int(2 ** k * math.sqrt(2)) + d for k in range(1, 32) for d in (-1, 0, 1)]
+    edges_b = [j * 2 ** 29 + d for j in range(8) for d in (-2, -1, 0, 1, 2)]
+    edges_b = [v % 2 ** 32 for v in edges_b] + [2 ** 32 - 1]
+    a = np.concatenate([rng.integers(0, 2 ** 32, 2 ** 21), np.repeat(edges_a, len(edges_b))])
+    b = np.concatenate([rng.integers(0, 2 ** 32, 2 ** 21), np.tile(edges_b, len(edges_a))])
+    a = np.minimum(a, 2 ** 32 - 1)
+    got = philox.box_muller_fdlibm(torch.from_numpy(a).view(-1, 1, 1),
+                                   torch.from_numpy(b).view(-1, 1, 1)).view(-1, 2).numpy()
+    exact = _exact_normals(a, b)
+    want = exact.astype(np.float32)
+    # a float32 rounding boundary: the midpoint between want and its neighbour on exact's side
+    side = np.where(exact >= want.astype(np.longdouble), np.inf, -np.inf).astype(np.float32)
+    mid = (want.astype(np.longdouble) + np.nextafter(want, side).astype(np.longdouble)) / 2
+    clear = np.abs(exact - mid) > np.abs(exact) * np.longdouble(2.0 ** -40)
+    assert clear.mean() > 0.9999
+    wrong = (got != want) & clear
+    assert not wrong.any(), (a[wrong.any(1)][:5], b[wrong.any(1)][:5])
+
+
+def test_the_cpus_normals_are_the_gpus_transform_to_float_rounding():
+    """The CPU's transform (fdlibm's polynomials) against the device's own kernels (the
+    GPU's transform, here torch's CPU float64 log, cosine and sine) on 4 M normals: at most
+    a few differ, by a float32 ulp or so, and only near the zeros of the cosine or sine
+    (where the GPU's angle, rounded to float64 before its reduction, is the less exact)."""
+    key = philox.keys(range(40), "cpu")
+    words = philox.draw("words", key, philox.NOISE, torch.arange(4), 4 * 6250)
+    pairs = words.view(40, 4, -1, 2, 2)
+    cpu = philox.box_muller_fdlibm(pairs[..., 0], pairs[..., 1])
+    assert torch.equal(cpu, philox.draw("normal", key, philox.NOISE, torch.arange(4), 4 * 6250))
+    gpu = philox._box_muller(pairs[..., 0], pairs[..., 1])
+    differ = cpu != gpu
+    assert int(differ.sum()) <= 4
+    torch.testing.assert_close(cpu, gpu, rtol=1e-6, atol=1e-12)
+    b = pairs[..., 1].reshape(*cpu.shape[:-1], -1).repeat_interleave(2, -1)
+    assert bool(((b[differ] + 2 ** 20) % 2 ** 30 < 2 ** 21).all())  # near a quarter turn
 
 
 def test_a_runs_draws_do_not_depend_on_the_others_or_on_how_steps_are_grouped():
@@ -159,7 +263,7 @@ def test_the_gpus_fused_draws_run_on_the_cpu_and_train_the_same_models():
     the eager draws, the normals to float rounding; and under a forced GPU description
     the trainer takes it and trains the CPU's models (to float rounding). One test, so that
     one process compiles (tens of seconds on 2 cores)."""
-    from dpaudit import device, dpsgd
+    from dpaudit import device
 
     key = philox.keys([1, 2 ** 33 + 7, 12345], "cpu")
     for kind in ("words", "bernoulli", "sort_keys", "normal"):

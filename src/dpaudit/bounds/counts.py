@@ -212,7 +212,7 @@ def eps_lb_katz(ct_pos, n_pos, ct_neg, n_neg, alpha: float = 0.01, delta: float 
 
     The interval is a normal approximation on the log scale, so the level ``1 - alpha`` is
     only asymptotic: with few trials or counts near 0 it can exceed the truth more often
-    than ``alpha`` (coverage measured in ``benchmarks/coverage.py``, docs/statistics.md).
+    than ``alpha`` (coverage measured in ``benchmarks/bound_coverage.py``, docs/statistics.md).
     Report it as approximate, never as certified.  Returns 0 when nothing can be claimed.
     """
     ct_pos, n_pos, ct_neg, n_neg = _check_counts(ct_pos, n_pos, ct_neg, n_neg)

@@ -6,6 +6,7 @@ One concept per module:
 - :mod:`.model`              the models' weights and their flat layout, seeded
                              initialisation, files
 - :mod:`.philox`             the counter-based generator of every random draw (Philox-4x32-10)
+- :mod:`.cpu_draws`          its bulk CPU draws, compiled (numba)
 - :mod:`.wide`               the wide step's forward and backward passes and per-example
                              gradient norms; logits, losses and gradient norms of models
 - :mod:`.sampling`           each step's batches, epoch ends, shared data or gathered batches

@@ -301,6 +301,41 @@ class CanaryScores:
         return per_side[0] - per_side[1] if self.sides == 2 else per_side[0]
 
 
+class _Coordinates:
+    """Coordinates of the flattened layout (:func:`flatten`), read and changed in the layer
+    tensors themselves: a Dirac canary reads and moves m entries, not every weight (the
+    same arithmetic on them, so the same bits)."""
+
+    def __init__(self, coords: torch.Tensor, params: Params):
+        tensors = layer_tensors(params)
+        self.unique, self.inverse = coords.unique(return_inverse=True)
+        ends = torch.tensor([t[0].numel() for t in tensors], device=coords.device).cumsum(0)
+        layer = torch.searchsorted(ends, self.unique, right=True)
+        self.parts = []
+        for l in layer.unique().tolist():
+            cols = torch.nonzero(layer == l)[:, 0]
+            local = self.unique[cols] - (ends[l - 1] if l else 0)
+            index = (slice(None),) + torch.unravel_index(local, tensors[l].shape[1:])
+            self.parts.append((l, cols, index))
+
+    def read(self, params: Params) -> torch.Tensor:
+        """The coordinates' values (K, m) float64."""
+        tensors = layer_tensors(params)
+        out = torch.empty(tensors[0].shape[0], len(self.unique), device=tensors[0].device,
+                          dtype=torch.float64)
+        for l, cols, index in self.parts:
+            out[:, cols] = tensors[l][index].double()
+        return out[:, self.inverse]
+
+    def sub(self, params: Params, values: torch.Tensor, alpha: float) -> None:
+        """theta -= alpha * (values (K, m) summed per coordinate), as a sub_ of a (K, P)
+        tensor zero but at the coordinates does it."""
+        tensors = layer_tensors(params)
+        at = values.new_zeros(len(values), len(self.unique)).index_add_(1, self.inverse, values)
+        for l, cols, index in self.parts:
+            tensors[l][index] = tensors[l][index].sub_(at[:, cols], alpha=alpha)
+
+
 class CanaryHook:
     """The trainer's canary work: per step one draw for all models, the sampled sum
     (K, m) x (m, P) added to the update, and the score update (K, P) x (P, m) of the step
@@ -328,16 +363,17 @@ class CanaryHook:
         self.rate = self.of.rate
         if shuffle is not None:
             self.n, self.B, self.spe = self.of.n, self.of.B, self.of.spe
-        self.csum = torch.empty(K, P, device=dev, dtype=dtype)
-        self.flat = flatten(params)
         if bool((torch.linalg.vector_norm(d, 0, dim=1) == 1).all()):  # nonzeros per row
             self.coords = torch.nonzero(d)[:, 1]  # row-major: row j's coordinate is entry j
             self.values = d[torch.arange(m, device=dev), self.coords].double()
             self.values_dt = self.values.to(dtype)
             self.dirs = None
-            self.prev = self.flat.index_select(1, self.coords).double()  # (K, m)
+            self.at = _Coordinates(self.coords, params)
+            self.prev = self.at.read(params)  # (K, m)
         else:
             self.dirs = d.to(dtype)
+            self.csum = torch.empty(K, P, device=dev, dtype=dtype)
+            self.flat = flatten(params)
             self.prev, self.step = self.flat.clone(), torch.empty_like(self.flat)
 
     def add(self, params: Params, t: int, step_size: float,
@@ -365,20 +401,21 @@ class CanaryHook:
             hit = hit.add(mates if slot is None else mates - slot.to(self.dtype),
                           alpha=self.mates)
         if self.dirs is None:
-            self.csum.zero_().index_add_(1, self.coords, hit.mul_(self.values_dt))
-        else:
-            torch.matmul(hit, self.dirs, out=self.csum)
+            self.at.sub(params, hit.mul_(self.values_dt), step_size)
+            return
+        torch.matmul(hit, self.dirs, out=self.csum)
         for param, c in zip(layer_tensors(params), noise_views(self.csum, params)):
             param.sub_(c, alpha=step_size)
 
     def observe(self, params: Params) -> None:
         """scores += <theta_t - theta_{t+1}, g_j>, after the step to theta_{t+1}."""
-        torch.cat([t.reshape(self.K, -1) for t in layer_tensors(params)], dim=1, out=self.flat)
         if self.dirs is None:
-            new = self.flat.index_select(1, self.coords).double()
+            new = self.at.read(params)
             step = (self.prev - new).mul_(self.values)
             self.prev = new
         else:
+            torch.cat([t.reshape(self.K, -1) for t in layer_tensors(params)], dim=1,
+                      out=self.flat)
             torch.sub(self.prev, self.flat, out=self.step)
             step = (self.step @ self.dirs.T).double()
             self.prev, self.flat = self.flat, self.prev

@@ -26,20 +26,20 @@ Distributions (``w`` a 32-bit word, uniform on {0, ..., 2^32 - 1}):
 
 What runs where. On a GPU the words and the normals are one fused kernel each
 (``torch.compile``): done as separate tensor operations, the ten rounds' passes over the
-counters would move more bytes than the model's own step. On the CPU, a draw of at least
-:data:`CPU_BULK_BLOCKS` counter blocks per run and step (the trainer's noise and batches)
-takes its words from randomgen's Philox-4x32-10 in C (a generator per thread, its key and
-counter set per run and step: its counter is incremented before each block, so it is set to
-the block before (0, step, stream, 0); the runs and steps shared among torch's threads),
-several times cheaper than the rounds as int64 tensor operations; a smaller draw keeps the
-tensor operations, whose cost is a fixed number of calls for all runs where randomgen's is
-a state change per run and step. Compiling on the
-CPU is not used: it costs seconds per process and needs a C++ compiler, and its float64
-transcendentals need not be torch's eager kernels bit for bit. The Box-Muller transform is
-the same torch float64 operations on every CPU path, so the CPU's words and normals are
-the same bits whichever path drew them (tested); a GPU's words are these bits too, its
-normals equal to float rounding (the transform is computed in float64 and rounded to
-float32, so they are nearly always the same bits).
+counters would move more bytes than the model's own step. Its transform takes the device's
+own float64 log, cosine and sine. On the CPU, a draw of at least :data:`CPU_BULK_BLOCKS`
+counter blocks per run and step (the trainer's noise and batches) is one compiled call per
+thread for all its runs and steps (:mod:`dpaudit.dpsgd.cpu_draws`, numba: the rounds and
+the transform in SIMD instructions, several times cheaper than torch's own generator); a
+smaller draw keeps the tensor operations, which need no compiler in the process. The CPU's
+transform is fdlibm's polynomials with the angle reduced exactly in integers
+(:func:`box_muller_fdlibm`), the same float64 operations on both CPU paths, so the CPU's
+words and normals are the same bits whichever path drew them (tested). A GPU's words are
+these bits too, its normals equal to float rounding: both transforms are within about an
+ulp of the exact float64 values, rounded to float32, so they are the same bits but about
+once in 10^8 values (tested against torch's own kernels on the CPU). Without numba (a
+machine that cannot install it) the CPU draws everything with the tensor operations: the
+same bits, more slowly, with a warning.
 """
 
 from __future__ import annotations
@@ -55,13 +55,26 @@ import torch
 M0, M1 = 0xD2511F53, 0xCD9E8D57
 W0, W1 = 0x9E3779B9, 0xBB67AE85
 ROUNDS = 10
-_MASK = 0xFFFFFFFF
-#: Counter blocks per run and step from which the CPU's draws are randomgen's (module
-#: docstring); smaller draws are the torch operations'.
+MASK = 0xFFFFFFFF
+#: Counter blocks per run and step from which the CPU's draws are the compiled kernels'
+#: (module docstring); smaller draws are the torch operations'.
 CPU_BULK_BLOCKS = 256
-#: Counter blocks of a bulk CPU draw turned into normals at once: a large draw's float64
-#: temporaries stay small (about 0.5 MB), not the size of the whole draw.
-_PIECE = 8192
+
+# The CPU's Box-Muller transform (box_muller_fdlibm): fdlibm's polynomials (Sun
+# Microsystems 1993, as kept in musl's log.c, __sin.c and __cos.c), ln 2 in two parts.
+LOG = (6.666666666666735130e-01, 3.999999999940941908e-01, 2.857142874366239149e-01,
+       2.222219843214978396e-01, 1.818357216161805012e-01, 1.531383769920937332e-01,
+       1.479819860511658591e-01)
+SIN = (-1.66666666666666324348e-01, 8.33333333332248946124e-03,
+       -1.98412698298579493134e-04, 2.75573137070700676789e-06,
+       -2.50507602534068634195e-08, 1.58969099521155010221e-10)
+COS = (4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05,
+       -2.75573143513906633035e-07, 2.08757232129817482790e-09,
+       -1.13596475577881948265e-11)
+LN2_HI, LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+SQRT2 = math.sqrt(2.0)
+#: Radians per unit of a word: 2 pi 2^-32.
+TURN = 2 * math.pi * 2.0 ** -32
 
 #: Streams of a run (the counter's third word): what each draw is for (batches: Poisson
 #: masks by step, shuffle permutations by epoch). A new stream leaves every other draw
@@ -83,17 +96,17 @@ def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = ROUNDS):
     c0, c1, c2, c3 = (c.expand(shape).clone() for c in (c0, c1, c2, c3))
     p0, p1 = torch.empty_like(c0), torch.empty_like(c0)
     r = torch.arange(rounds, dtype=torch.int64, device=c0.device)  # the key schedule at once
-    keys0 = (k0.unsqueeze(-1) + r * W0).bitwise_and_(_MASK)
-    keys1 = (k1.unsqueeze(-1) + r * W1).bitwise_and_(_MASK)
+    keys0 = (k0.unsqueeze(-1) + r * W0).bitwise_and_(MASK)
+    keys1 = (k1.unsqueeze(-1) + r * W1).bitwise_and_(MASK)
     for r in range(rounds):
         ka, kb = keys0[..., r], keys1[..., r]
         torch.mul(c0, M0, out=p0)
         torch.mul(c2, M1, out=p1)
         # (c0, c1, c2, c3) <- (hi(p1) ^ c1 ^ ka, lo(p1), hi(p0) ^ c3 ^ kb, lo(p0))
-        c1.bitwise_xor_(ka).bitwise_xor_(p1 >> 32).bitwise_and_(_MASK)
-        c3.bitwise_xor_(kb).bitwise_xor_(p0 >> 32).bitwise_and_(_MASK)
+        c1.bitwise_xor_(ka).bitwise_xor_(p1 >> 32).bitwise_and_(MASK)
+        c3.bitwise_xor_(kb).bitwise_xor_(p0 >> 32).bitwise_and_(MASK)
         c0, c1, c2, c3, p0, p1 = c1, p1, c3, p0, c0, c2
-    return c0, c1.bitwise_and_(_MASK), c2, c3.bitwise_and_(_MASK)
+    return c0, c1.bitwise_and_(MASK), c2, c3.bitwise_and_(MASK)
 
 
 def keys(seeds: Sequence[int], device) -> torch.Tensor:
@@ -106,7 +119,7 @@ def keys(seeds: Sequence[int], device) -> torch.Tensor:
         s = int(s)
         if not 0 <= s < 2 ** 64:
             raise ValueError(f"seed={s}: must be an integer in [0, 2^64)")
-        out.append((s & _MASK, s >> 32))
+        out.append((s & MASK, s >> 32))
     return torch.tensor(out, dtype=torch.int64, device=device).view(-1, 2)
 
 
@@ -117,21 +130,29 @@ def _words(k0, k1, c1, c2, blocks: int):
     return torch.stack(philox4x32(c0, c1, c2, torch.zeros_like(c2), k0, k1), -1).flatten(-2)
 
 
-def _normals(k0, k1, c1, c2, blocks: int):
-    """Box-Muller normals of the words of :func:`_words`, (K, S, 4 * blocks) float32."""
+def _pairs(k0, k1, c1, c2, blocks: int):
+    """The word pairs of :func:`_words`' blocks, as the Box-Muller transforms take them:
+    (first words, second words), (K, S, blocks, 2) int64 each."""
     c0 = torch.arange(blocks, dtype=torch.int64, device=k0.device)
     w = philox4x32(c0, c1, c2, torch.zeros_like(c2), k0, k1)
-    return _box_muller(torch.stack((w[0], w[2]), -1), torch.stack((w[1], w[3]), -1))
+    return torch.stack((w[0], w[2]), -1), torch.stack((w[1], w[3]), -1)
+
+
+def _normals(k0, k1, c1, c2, blocks: int):
+    """Box-Muller normals of the words of :func:`_words`, (K, S, 4 * blocks) float32, with
+    the device's own transcendentals (:func:`_box_muller`): the GPU's."""
+    return _box_muller(*_pairs(k0, k1, c1, c2, blocks))
+
+
+def _normals_fdlibm(k0, k1, c1, c2, blocks: int):
+    """:func:`_normals` with :func:`box_muller_fdlibm`: the CPU's."""
+    return box_muller_fdlibm(*_pairs(k0, k1, c1, c2, blocks))
 
 
 def _box_muller(a, b):
     """The normals (..., 4 * blocks) float32 of each block's word pairs (0, 1) and (2, 3):
-    ``a`` the pairs' first words, ``b`` their second, (..., blocks, 2) int64 each. The
-    transform is in float64, so that a device's own float64 rounding rarely shows in the
-    float32 result; its float64 temporaries are contiguous whatever the words' strides
-    (the same kernels on every CPU path: the CPU's normals are the same bits). The products
-    are contiguous float64 too, each rounded to float32 by one copy (a product written
-    straight into the float32 output's strided halves is several times slower on the CPU)."""
+    ``a`` the pairs' first words, ``b`` their second, (..., blocks, 2) int64 each; with the
+    device's own float64 log, cosine and sine, rounded to float32 (the GPU's transform)."""
     r = a.double().add_(1).mul_(2.0 ** -32).log_().mul_(-2).sqrt_()
     theta = b.double().mul_(2 * math.pi * 2.0 ** -32)
     out = torch.empty(*r.shape, 2, dtype=torch.float32, device=r.device)
@@ -140,53 +161,119 @@ def _box_muller(a, b):
     return out.flatten(-3)
 
 
-def _cpu_bulk(key: torch.Tensor, steps: list[int], stream: int, blocks: int,
+def box_muller_fdlibm(a, b):
+    """:func:`_box_muller` (the same arguments and layout) with fdlibm's log, sine and
+    cosine (:data:`LOG`, :data:`SIN`, :data:`COS`, each within about an ulp of float64), the
+    CPU's transform: as torch operations here, and compiled in
+    :mod:`dpaudit.dpsgd.cpu_draws` operation for operation (the same bits, tested).
+
+    The angle is reduced exactly, in integers: ``2 pi b 2^-32 = q pi/2 + a'``, ``q`` the
+    nearest quarter turn, ``a' = (b - q 2^30) 2 pi 2^-32`` in [-pi/4, pi/4]; the radius's
+    ``u = (a + 1) 2^-32 = 2^k x``, x in [sqrt(1/2), sqrt(2)), ``ln u = k ln 2 + ln x``.
+    So the float64 results stay within an ulp or so of the exact ones, and their float32
+    roundings are the GPU's but where the two float64 values straddle a float32 rounding
+    boundary (about one value in 10^8: tested)."""
+    mant, e = torch.frexp(a.double().add_(1))  # (a + 1) = mant 2^e, mant in [1/2, 1)
+    x, k = mant * 2, (e - 1).double()
+    big = x >= SQRT2
+    x = torch.where(big, x * 0.5, x)
+    k = torch.where(big, k + 1.0, k) - 32.0
+    lg1, lg2, lg3, lg4, lg5, lg6, lg7 = LOG
+    f = x - 1.0
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (lg2 + w * (lg4 + w * lg6))
+    t2 = z * (lg1 + w * (lg3 + w * (lg5 + w * lg7)))
+    R = t2 + t1
+    hfsq = 0.5 * f * f
+    r = torch.sqrt(-2.0 * (s * (hfsq + R) + k * LN2_LO - hfsq + f + k * LN2_HI))
+
+    s1, s2, s3, s4, s5, s6 = SIN
+    c1, c2, c3, c4, c5, c6 = COS
+    q = (b + (1 << 29)) >> 30
+    a = (b - (q << 30)).double() * TURN
+    z = a * a
+    w = z * z
+    rs = s2 + z * (s3 + z * s4) + z * w * (s5 + z * s6)
+    sn = a + z * a * (s1 + z * rs)
+    rc = z * (c1 + z * (c2 + z * c3)) + w * w * (c4 + z * (c5 + z * c6))
+    hz = 0.5 * z
+    wc = 1.0 - hz
+    cs = wc + (((1.0 - wc) - hz) + z * rc)
+    odd = (q & 1) == 1
+    out = torch.empty(*r.shape, 2, dtype=torch.float32, device=r.device)
+    out[..., 0] = torch.where(odd, sn, cs) * (1 - ((q + 1) & 2)).double() * r
+    out[..., 1] = torch.where(odd, cs, sn) * (1 - (q & 2)).double() * r
+    return out.flatten(-3)
+
+
+def _kernels():
+    """:mod:`dpaudit.dpsgd.cpu_draws`, or None (with a warning, once) where numba is not
+    installed: the CPU then draws with the torch operations, the same bits more slowly."""
+    global _KERNELS
+    if _KERNELS is False:
+        try:
+            from . import cpu_draws
+            _KERNELS = cpu_draws
+        except Exception as exc:  # noqa: BLE001 (not installed, or fails to import)
+            import warnings
+
+            warnings.warn(f"philox: the CPU's compiled draws are not used ({exc}); drawing "
+                          f"with torch operations (the same draws, more slowly)")
+            _KERNELS = None
+    return _KERNELS
+
+
+_KERNELS: object = False
+
+
+def _cpu_bulk(kernels, key: torch.Tensor, steps: list[int], stream: int, blocks: int,
               normal: bool) -> torch.Tensor:
     """The words of :func:`_words` on the CPU, (K, S, 4 * blocks) int64, or with ``normal``
-    their normals (:func:`_box_muller`, float32), from randomgen's Philox-4x32-10 in C: a
-    generator whose state (key; counter) is set to each run's key and to the counter block
-    before (0, step, stream, 0), as its counter is incremented before each block.
-
-    The (run, step) draws are shared among ``torch.get_num_threads()`` threads (randomgen
-    and torch release the GIL), each a generator of its own; a draw comes in pieces of
-    :data:`_PIECE` blocks, each turned into normals at once (the transform is elementwise:
-    the same bits as on the whole draw)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from randomgen import Philox
-
+    their normals (:func:`box_muller_fdlibm`, float32), from ``kernels``
+    (:mod:`dpaudit.dpsgd.cpu_draws`): the (run, step) draws shared among
+    ``torch.get_num_threads()`` threads (the kernels release the GIL)."""
     out = torch.empty((len(key), len(steps), 4 * blocks),
                       dtype=torch.float32 if normal else torch.int64)
-    counters = []
-    for t in steps:
-        c = ((stream << 64) | (t << 32)) - 1 & (1 << 128) - 1
-        counters.append(np.array([c >> s & _MASK for s in (0, 32, 64, 96)], dtype=np.uint32))
-    run_keys = [np.array(k, dtype=np.uint32) for k in key.tolist()]
-    tasks = [(k, s) for k in range(len(run_keys)) for s in range(len(counters))]
+    args = (out.numpy(), key.numpy(), np.asarray(steps, dtype=np.int64), stream, blocks)
 
-    def work(share: list[tuple[int, int]]) -> None:
-        bg = Philox(key=0, number=4, width=32)
-        state = bg.state
-        state.update(buffer_pos=4, has_uint32=0)  # the buffer spent: a word opens a block
-        for k, s in share:
-            state["state"] = {"counter": counters[s], "key": run_keys[k]}
-            bg.state = state
-            for lo in range(0, blocks, _PIECE):
-                n = min(_PIECE, blocks - lo)
-                words = torch.from_numpy(bg.random_raw(4 * n).view(np.int64))
-                if normal:
-                    pairs = words.view(n, 2, 2)
-                    out[k, s, 4 * lo:4 * (lo + n)] = _box_muller(pairs[..., 0], pairs[..., 1])
-                else:
-                    out[k, s, 4 * lo:4 * (lo + n)] = words
+    def share(first: int, every: int) -> None:  # the tasks first, first + every, ...
+        if normal:
+            kernels.normals(*args, first, every, kernels.CONSTANTS)
+        else:
+            kernels.words(*args, first, every)
 
-    threads = min(torch.get_num_threads(), len(tasks))
-    if threads <= 1:
-        work(tasks)
+    threads = min(torch.get_num_threads(), len(key) * len(steps))
+    if threads <= 1 or len(key) * len(steps) * blocks < _THREADED_BLOCKS:
+        share(0, 1)
     else:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(work, [tasks[i::threads] for i in range(threads)]))
+        list(_pool(threads).map(lambda t: share(t, threads), range(threads)))
     return out
+
+
+#: Counter blocks of a draw from which it is shared among threads (below, handing the
+#: pieces to the threads costs more than it saves).
+_THREADED_BLOCKS = 2 ** 14
+_POOL: dict = {}
+
+
+def _pool(threads: int):
+    """This process's pool of ``threads`` threads, kept between draws (a new one per draw
+    costs more than a small draw); a forked child, which has none of its parent's
+    threads, makes its own."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _lock:
+        key = (os.getpid(), threads)
+        if key not in _POOL:
+            for (pid, _), old in _POOL.items():  # another size, or a parent's (no threads here)
+                if pid == key[0]:
+                    old.shutdown(wait=False)
+            _POOL.clear()
+            _POOL[key] = ThreadPoolExecutor(threads, thread_name_prefix="philox")
+        return _POOL[key]
 
 
 _FUSED: dict = {}
@@ -256,15 +343,17 @@ def draw(kind: str, key: torch.Tensor, stream: int, steps, count: int, param: fl
     c2 = torch.full((1, 1, 1), stream, dtype=torch.int64, device=dev)
     per_value = 2 if kind == "sort_keys" else 1
     blocks = -(-count * per_value // 4)
-    if not fused and dev.type == "cpu" and blocks >= CPU_BULK_BLOCKS:
-        out = _cpu_bulk(key, c1.view(-1).tolist(), stream, blocks, kind == "normal")
+    if not fused and dev.type == "cpu" and blocks >= CPU_BULK_BLOCKS and _kernels():
+        out = _cpu_bulk(_kernels(), key, c1.view(-1).tolist(), stream, blocks,
+                        kind == "normal")
     else:
         # contiguous copies: the layout the compiled kernels were checked on (a strided
         # column would compile them again on the first draw); a copy for every K, so that
         # the operations of a draw do not depend on the runs
         k0, k1 = (key[:, i].clone(memory_format=torch.contiguous_format).view(-1, 1, 1)
                   for i in (0, 1))
-        fn = _normals if kind == "normal" else _words
+        fn = _words if kind != "normal" else _normals if fused or dev.type != "cpu" else \
+            _normals_fdlibm
         out = (_fused(fn) if fused else fn)(k0, k1, c1, c2, blocks)
     if kind == "bernoulli":  # exact: a float64 times a power of two, then floor
         out = out < math.floor(param * 2 ** 32)

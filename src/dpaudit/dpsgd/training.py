@@ -209,7 +209,9 @@ class _Data:
             return self.X, self.xt, self.onehot.unsqueeze(0), self.sq_in.unsqueeze(0)
         flat_idx, d = idx.reshape(-1), self.X.shape[1]
         if self.buffer.numel() < flat_idx.numel() * d:
-            self.buffer = torch.empty(flat_idx.numel() * d, device=self.X.device,
+            # a quarter to spare: Poisson batches grow a little at many steps, and each new
+            # buffer's first writes fault its pages in (several times the gather's cost)
+            self.buffer = torch.empty(flat_idx.numel() * d * 5 // 4, device=self.X.device,
                                       dtype=self.X.dtype)
         xb = self.buffer[:flat_idx.numel() * d].view(K, -1, d)
         torch.index_select(self.X, 0, flat_idx, out=xb.view(-1, d))

@@ -1,7 +1,7 @@
 """Coverage of the count-to-epsilon methods by simulation on randomized response.
 
-    python benchmarks/coverage.py                  # the table of docs/statistics.md
-    python benchmarks/coverage.py --audits 500 --bayes-audits 200   # a quicker look
+    python benchmarks/bound_coverage.py                  # the table of docs/statistics.md
+    python benchmarks/bound_coverage.py --audits 500 --bayes-audits 200   # a quicker look
 
 Randomized response at eps (output 1 with probability e^eps / (1 + e^eps) when the
 canary is in, 1 / (1 + e^eps) when out) is exactly eps-DP and the event "output 1" is
