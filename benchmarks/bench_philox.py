@@ -1,8 +1,9 @@
 """Normals and words per second of the CPU's Philox draws (dpaudit.dpsgd.philox): the
-torch operations, the bulk path (randomgen's words), and torch's own generator as drawn
-before the counter-based generator (one Mersenne Twister per run), at the white box's
-noise draw (K runs x 25,186 parameters, one step). The three take turns in every round
-(load from other processes hits them alike); best of ``--repeats``.
+torch operations, the bulk path (compiled: dpaudit.dpsgd.cpu_draws), and torch's own
+generator as drawn before the counter-based generator (one Mersenne Twister per run), at
+the white box's noise draw (K runs x 25,186 parameters, one step). The three take turns in
+every round (load from other processes hits them alike); best of ``--repeats``. The
+first call of the bulk path compiles it where numba has not cached it yet (seconds).
 
     python benchmarks/bench_philox.py [--threads 2] [--repeats 5] [--runs 128] [--count 25186]
 """
