@@ -60,24 +60,41 @@ def test_tables_are_read_with_the_exact_float_parser_before_pandas_3_1(tmp_path,
 def test_source_digest_of_a_package_covers_every_module_in_name_order(tmp_path, monkeypatch):
     """A package's own source is only its __init__: its digest is that of all its modules,
     sorted by name, so an edit to any of them (here the second) is a new digest; a plain
-    module's digest is that of its source."""
+    module's digest is that of its source. The modules are read, not imported: one that
+    needs a library absent here (an optional one) still counts, and is not imported."""
     pkg = tmp_path / "digestpkg"
     pkg.mkdir()
-    files = {"__init__.py": '"""Two modules."""\nfrom .b import g\n',
-             "b.py": "def g():\n    return 2\n", "a.py": "def f():\n    return 1\n"}
+    files = {"__init__.py": '"""Three modules."""\nfrom .b import g\n',
+             "b.py": "def g():\n    return 2\n", "a.py": "def f():\n    return 1\n",
+             "c.py": "import dpaudit_no_such_library\n"}
     for name, text in files.items():
         (pkg / name).write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         mod = importlib.import_module("digestpkg")
         want = hashlib.sha256("".join(f"{name}\n{files[file]}" for name, file in (
-            ("digestpkg", "__init__.py"), ("digestpkg.a", "a.py"), ("digestpkg.b", "b.py")))
-            .encode()).hexdigest()
+            ("digestpkg", "__init__.py"), ("digestpkg.a", "a.py"), ("digestpkg.b", "b.py"),
+            ("digestpkg.c", "c.py"))).encode()).hexdigest()
         assert source_digest(mod) == want
+        assert "digestpkg.a" not in sys.modules and "digestpkg.c" not in sys.modules
         (pkg / "b.py").write_text("def g():\n    return 20\n")
         assert source_digest(mod) != want
         plain = importlib.import_module("digestpkg.a")
         assert source_digest(plain) == hashlib.sha256(files["a.py"].encode()).hexdigest()
     finally:
-        for name in ("digestpkg", "digestpkg.a", "digestpkg.b"):
+        for name in ("digestpkg", "digestpkg.a", "digestpkg.b", "digestpkg.c"):
             sys.modules.pop(name, None)
+
+
+def test_the_trainers_digest_needs_no_numba(monkeypatch):
+    """The trainer's digest (its kept runs' key) reads dpaudit.dpsgd's modules: where numba
+    is absent (the compiled draws then fall back to torch operations) it is the same
+    digest, and nothing fails."""
+    from dpaudit import dpsgd
+    from dpaudit.experiments.tight import whitebox
+
+    want = whitebox.trainer_digest()
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba fails
+    monkeypatch.delitem(sys.modules, "dpaudit.dpsgd.cpu_draws", raising=False)
+    monkeypatch.delattr(dpsgd, "cpu_draws", raising=False)
+    assert whitebox.trainer_digest() == want

@@ -110,25 +110,32 @@ def test_without_numba_the_cpu_draws_the_same_bits_with_a_warning(monkeypatch):
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
-def test_the_draws_threads_are_kept_and_a_forked_child_makes_its_own(monkeypatch):
-    """The bulk draw's threads are kept between draws (one pool per process and size); a
-    forked child, which has none of its parent's threads, must not hand its draws to the
-    parent's pool (it would wait forever): a new process id gets a pool of its own, and
-    leaves the parent's alone. (A real fork here would inherit other tests' OpenMP
-    threads, a hazard of its own.)"""
-    monkeypatch.setattr(philox, "_POOL", {})
-    pool = philox._pool(2)
-    assert philox._pool(2) is pool
-    parent = os.getpid()
-    monkeypatch.setattr(os, "getpid", lambda: parent + 1)
-    child = philox._pool(2)
-    assert child is not pool and child.submit(lambda: 7).result(timeout=30) == 7
-    assert pool.submit(lambda: 8).result(timeout=30) == 8  # not shut down by the child
-    assert philox._pool(3) is not child and list(philox._POOL) == [(parent + 1, 3)]
-    with pytest.raises(RuntimeError, match="shutdown"):  # this process's old size: let go
-        child.submit(lambda: 9)
-    for p in (pool, *philox._POOL.values()):
-        p.shutdown()
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork: POSIX only")
+def test_the_draws_threads_are_kept_and_shut_down_before_a_fork(monkeypatch):
+    """The bulk draw's threads are kept between draws (one pool, of torch's thread count);
+    before a fork they are shut down, since a child has none of its parent's threads and
+    would wait on them forever: the child starts with no pool, the parent makes a new one
+    at its next threaded draw, and both draw the same bits. (The child only reads the
+    pool's state: other tests' OpenMP threads make anything more a hazard of its own.)"""
+    monkeypatch.setattr(philox, "_THREADED_BLOCKS", 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        key = philox.keys(range(8), "cpu")
+        want = philox.draw("normal", key, philox.NOISE, 4, 4 * 300)
+        pool = philox._pool(2)
+        assert philox._pool(2) is pool and list(philox._POOL) == [2]
+        pid = os.fork()
+        if pid == 0:  # the child
+            os._exit(0 if not philox._POOL else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert not philox._POOL
+        with pytest.raises(RuntimeError, match="shutdown"):
+            pool.submit(lambda: 0)
+        assert torch.equal(philox.draw("normal", key, philox.NOISE, 4, 4 * 300), want)
+        assert philox._pool(2) is not pool
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _exact_normals(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -174,8 +181,9 @@ def test_the_cpus_normals_are_the_exact_transform_rounded_to_float32():
 def test_the_cpus_normals_are_the_gpus_transform_to_float_rounding():
     """The CPU's transform (fdlibm's polynomials) against the device's own kernels (the
     GPU's transform, here torch's CPU float64 log, cosine and sine) on 4 M normals: at most
-    a few differ, by a float32 ulp or so, and only near the zeros of the cosine or sine
-    (where the GPU's angle, rounded to float64 before its reduction, is the less exact)."""
+    a few differ (a few in 10^8 do: a float32 rounding straddle, or a value near a zero of
+    the cosine or sine, where the GPU's angle, rounded before its reduction, is the less
+    exact), each by float rounding."""
     key = philox.keys(range(40), "cpu")
     words = philox.draw("words", key, philox.NOISE, torch.arange(4), 4 * 6250)
     pairs = words.view(40, 4, -1, 2, 2)
@@ -185,8 +193,6 @@ def test_the_cpus_normals_are_the_gpus_transform_to_float_rounding():
     differ = cpu != gpu
     assert int(differ.sum()) <= 4
     torch.testing.assert_close(cpu, gpu, rtol=1e-6, atol=1e-12)
-    b = pairs[..., 1].reshape(*cpu.shape[:-1], -1).repeat_interleave(2, -1)
-    assert bool(((b[differ] + 2 ** 20) % 2 ** 30 < 2 ** 21).all())  # near a quarter turn
 
 
 def test_a_runs_draws_do_not_depend_on_the_others_or_on_how_steps_are_grouped():

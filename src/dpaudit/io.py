@@ -394,10 +394,13 @@ def array_digest(arrays: dict[str, Any]) -> str:
 def source_digest(*objects: Any) -> str:
     """SHA-256 of the source code of ``objects`` (modules, functions, classes), in order:
     results kept under it are reused only while that code is unchanged. A package counts
-    as all of its modules, sorted by name (its own source is only its ``__init__``)."""
-    import importlib
+    as all of its modules, sorted by name (its own source is only its ``__init__``), read
+    from their files: none is imported for it (a module that needs an optional library,
+    absent here, still counts, and the digest does not depend on what is installed)."""
+    import importlib.util
     import inspect
     import pkgutil
+    import tokenize
 
     h = hashlib.sha256()
     for obj in objects:
@@ -408,5 +411,6 @@ def source_digest(*objects: Any) -> str:
                                                                          obj.__name__ + ".")]
         for name in sorted(names):
             h.update(f"{name}\n".encode())
-            h.update(inspect.getsource(importlib.import_module(name)).encode())
+            with tokenize.open(importlib.util.find_spec(name).origin) as f:  # as getsource
+                h.update(f.read().encode())
     return h.hexdigest()

@@ -30,21 +30,24 @@ counters would move more bytes than the model's own step. Its transform takes th
 own float64 log, cosine and sine. On the CPU, a draw of at least :data:`CPU_BULK_BLOCKS`
 counter blocks per run and step (the trainer's noise and batches) is one compiled call per
 thread for all its runs and steps (:mod:`dpaudit.dpsgd.cpu_draws`, numba: the rounds and
-the transform in SIMD instructions, several times cheaper than torch's own generator); a
-smaller draw keeps the tensor operations, which need no compiler in the process. The CPU's
-transform is fdlibm's polynomials with the angle reduced exactly in integers
-(:func:`box_muller_fdlibm`), the same float64 operations on both CPU paths, so the CPU's
-words and normals are the same bits whichever path drew them (tested). A GPU's words are
-these bits too, its normals equal to float rounding: both transforms are within about an
-ulp of the exact float64 values, rounded to float32, so they are the same bits but about
-once in 10^8 values (tested against torch's own kernels on the CPU). Without numba (a
-machine that cannot install it) the CPU draws everything with the tensor operations: the
-same bits, more slowly, with a warning.
+the transform in SIMD instructions); a smaller draw keeps the tensor operations, which
+need no compiler in the process. The CPU's transform is fdlibm's polynomials with the
+angle reduced exactly in integers (:func:`box_muller_fdlibm`), the same float64
+operations on both CPU paths, so the CPU's words and normals are the same bits whichever
+path drew them (tested). A GPU's words are these bits too, its normals equal to float
+rounding: the CPU's transform is within about an ulp of the exact float64 values, the
+GPU's too but near the zeros of the cosine and sine (its angle is rounded to float64
+before it is reduced), so after the rounding to float32 the two are the same bits but for
+rare values: those whose two float64 results straddle a float32 rounding boundary (one
+float32 step apart), and those near the zeros (tested against torch's own kernels on the
+CPU; docs/scale.md counts them). Without numba (a machine that cannot install it) the CPU
+draws everything with the tensor operations: the same bits, more slowly, with a warning.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 from typing import Sequence
 
@@ -61,7 +64,8 @@ MASK = 0xFFFFFFFF
 CPU_BULK_BLOCKS = 256
 
 # The CPU's Box-Muller transform (box_muller_fdlibm): fdlibm's polynomials (Sun
-# Microsystems 1993, as kept in musl's log.c, __sin.c and __cos.c), ln 2 in two parts.
+# Microsystems 1993: e_log.c, k_sin.c, k_cos.c), ln 2 in two parts; the expressions as in
+# musl's __sin.c, __cos.c and its log.c before its rewrite in version 1.1.22.
 LOG = (6.666666666666735130e-01, 3.999999999940941908e-01, 2.857142874366239149e-01,
        2.222219843214978396e-01, 1.818357216161805012e-01, 1.531383769920937332e-01,
        1.479819860511658591e-01)
@@ -171,8 +175,9 @@ def box_muller_fdlibm(a, b):
     nearest quarter turn, ``a' = (b - q 2^30) 2 pi 2^-32`` in [-pi/4, pi/4]; the radius's
     ``u = (a + 1) 2^-32 = 2^k x``, x in [sqrt(1/2), sqrt(2)), ``ln u = k ln 2 + ln x``.
     So the float64 results stay within an ulp or so of the exact ones, and their float32
-    roundings are the GPU's but where the two float64 values straddle a float32 rounding
-    boundary (about one value in 10^8: tested)."""
+    roundings are the exact values' but where those lie within an ulp or so of a float32
+    rounding boundary (tested against long double wherever they lie farther than 2^-40,
+    relative, from one)."""
     mant, e = torch.frexp(a.double().add_(1))  # (a + 1) = mant 2^e, mant in [1/2, 1)
     x, k = mant * 2, (e - 1).double()
     big = x >= SQRT2
@@ -255,29 +260,38 @@ def _cpu_bulk(kernels, key: torch.Tensor, steps: list[int], stream: int, blocks:
 #: Counter blocks of a draw from which it is shared among threads (below, handing the
 #: pieces to the threads costs more than it saves).
 _THREADED_BLOCKS = 2 ** 14
-_POOL: dict = {}
+_POOL: dict = {}  # at most one: its thread count -> the pool
 
 
 def _pool(threads: int):
-    """This process's pool of ``threads`` threads, kept between draws (a new one per draw
-    costs more than a small draw); a forked child, which has none of its parent's
-    threads, makes its own."""
-    import os
+    """The pool of ``threads`` threads of the bulk draws, kept between draws (a new one
+    per draw costs more than a small draw); shut down before this process forks
+    (:func:`_drop_pools`), so that no process holds threads it does not have."""
     from concurrent.futures import ThreadPoolExecutor
 
     with _lock:
-        key = (os.getpid(), threads)
-        if key not in _POOL:
-            for (pid, _), old in _POOL.items():  # another size, or a parent's (no threads here)
-                if pid == key[0]:
-                    old.shutdown(wait=False)
+        if threads not in _POOL:
+            for old in _POOL.values():
+                old.shutdown(wait=False)
             _POOL.clear()
-            _POOL[key] = ThreadPoolExecutor(threads, thread_name_prefix="philox")
-        return _POOL[key]
+            _POOL[threads] = ThreadPoolExecutor(threads, thread_name_prefix="philox")
+        return _POOL[threads]
+
+
+def _drop_pools() -> None:
+    """Shut the bulk draws' threads down (they finish what they hold): run before every
+    fork, whose child would otherwise wait forever on threads it does not have."""
+    with _lock:
+        pools = list(_POOL.values())
+        _POOL.clear()
+    for pool in pools:
+        pool.shutdown(wait=True)
 
 
 _FUSED: dict = {}
 _lock = threading.Lock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_drop_pools)
 
 
 def _fused(fn):
