@@ -34,7 +34,7 @@ rule onerun_audit:
     resources:
         # A CPU job: on the H100 it took as long as on 2 CPU cores.
         **job(
-            mem_mb=2000, cpu_s=0.06, per=lambda wc: onerun_run_epochs(ONERUN, FMNIST["epochs"])
+            mem_mb=2000, cpu_s=0.03, per=lambda wc: onerun_run_epochs(ONERUN, FMNIST["epochs"])
         ),
     log:
         "logs/onerun_audit.log",
