@@ -104,40 +104,32 @@ def _pairs(wb, r, oc, os, n, c):
 
 
 @numba.njit(**_JIT)
-def words(out, keys, steps, stream, blocks, first, every):
-    """out[k, s, 4 i + j] (int64 (K, S, 4 blocks)) = word j of block (i, steps[s], stream, 0)
-    under keys[k], for the (run, step) tasks first, first + every, ... (t = k S + s)."""
+def draw(words, normals, keys, steps, stream, blocks, first, every, c):
+    """The (run, step) tasks first, first + every, ... (t = k S + s) of a draw: word j of
+    block (i, steps[s], stream, 0) under keys[k] into words[k, s, 4 i + j] (int64 (K, S, 4
+    blocks)); or, where ``normals`` (float32, that shape) is not empty, the words' normals
+    into it instead, value 4 i + 2 p + (0, 1) the (cosine, sine) of block i's word pair p.
+    ``c``: :data:`CONSTANTS`."""
     S = len(steps)
-    w = np.empty((4, PIECE), np.int64)
-    for t in range(first, len(keys) * S, every):
-        k, s = t // S, t % S
-        o = out[k, s]
-        for lo in range(0, blocks, PIECE):
-            n = min(PIECE, blocks - lo)
-            _block_words(w, lo, n, steps[s], stream, keys[k, 0], keys[k, 1])
-            for i in range(n):
-                for j in range(4):
-                    o[4 * (lo + i) + j] = w[j, i]
-
-
-@numba.njit(**_JIT)
-def normals(out, keys, steps, stream, blocks, first, every, c):
-    """out[k, s] (float32 (K, S, 4 blocks)): the normals of :func:`words`' words, value
-    4 i + 2 p + (0, 1) the (cosine, sine) of block i's word pair p; ``c``
-    :data:`CONSTANTS`."""
-    S = len(steps)
+    normal = normals.size > 0
     w = np.empty((4, PIECE), np.int64)
     m, r = np.empty(PIECE), np.empty(PIECE)
     oc, os = np.empty((2, PIECE), np.float32), np.empty((2, PIECE), np.float32)
     for t in range(first, len(keys) * S, every):
         k, s = t // S, t % S
-        o = out[k, s]
         for lo in range(0, blocks, PIECE):
             n = min(PIECE, blocks - lo)
             _block_words(w, lo, n, steps[s], stream, keys[k, 0], keys[k, 1])
+            if not normal:
+                o = words[k, s]
+                for i in range(n):
+                    for j in range(4):
+                        o[4 * (lo + i) + j] = w[j, i]
+                continue
             for p in range(2):
                 _radius(w[2 * p], m, r, n, c)
                 _pairs(w[2 * p + 1], r, oc[p], os[p], n, c)
+            o = normals[k, s]
             for i in range(n):
                 b = 4 * (lo + i)
                 o[b] = oc[0, i]

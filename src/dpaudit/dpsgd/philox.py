@@ -241,13 +241,12 @@ def _cpu_bulk(kernels, key: torch.Tensor, steps: list[int], stream: int, blocks:
     ``torch.get_num_threads()`` threads (the kernels release the GIL)."""
     out = torch.empty((len(key), len(steps), 4 * blocks),
                       dtype=torch.float32 if normal else torch.int64)
-    args = (out.numpy(), key.numpy(), np.asarray(steps, dtype=np.int64), stream, blocks)
+    words, normals = ((np.empty((0, 0, 0), np.int64), out.numpy()) if normal else
+                      (out.numpy(), np.empty((0, 0, 0), np.float32)))
+    args = (words, normals, key.numpy(), np.asarray(steps, dtype=np.int64), stream, blocks)
 
     def share(first: int, every: int) -> None:  # the tasks first, first + every, ...
-        if normal:
-            kernels.normals(*args, first, every, kernels.CONSTANTS)
-        else:
-            kernels.words(*args, first, every)
+        kernels.draw(*args, first, every, kernels.CONSTANTS)
 
     threads = min(torch.get_num_threads(), len(key) * len(steps))
     if threads <= 1 or len(key) * len(steps) * blocks < _THREADED_BLOCKS:
